@@ -1,0 +1,63 @@
+"""Console entry points `grpo-plan`, `grpo-run`, `grpo-tune`, and the one error handler.
+
+The commands themselves live in `cli_plan.py` and `cli_run.py`; this module only turns our
+exceptions into one short paragraph on stderr and an exit status (2 bad input, 3 does not fit,
+1 run failure) — never a traceback for a user mistake.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable, TypeVar
+
+import typer
+
+from grpo_pilot.errors import GrpoPilotError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def report_error(exc: GrpoPilotError) -> None:
+    """Print the error paragraph to stderr (plain text: safe for pipes and logs)."""
+    label = {2: "error", 3: "does not fit"}.get(exc.exit_code, "failed")
+    print(f"{label}: {exc.paragraph()}", file=sys.stderr)
+
+
+def handle_errors(fn: F) -> F:
+    """Decorator for typer commands: GrpoPilotError -> message + exit code; Ctrl-C -> exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except GrpoPilotError as exc:
+            report_error(exc)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def plan_entry() -> None:
+    from grpo_pilot.cli_plan import app
+
+    app()
+
+
+def run_entry() -> None:
+    from grpo_pilot.cli_run import app
+
+    app()
+
+
+def tune_entry() -> None:
+    """`grpo-tune` arrives with the tuning issue; until then say so plainly instead of pretending."""
+    print(
+        "grpo-tune: profiling sweeps are not part of this release yet. Use `grpo-plan` to choose knobs "
+        "and `grpo-run plan.json` to measure one plan.",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)

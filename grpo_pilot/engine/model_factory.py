@@ -1,0 +1,108 @@
+"""Build the policy model and tokenizer without any hub access.
+
+- A bundled alias (`qwen2.5-0.5b`) or a local directory / config.json without weights gives a
+  randomly initialised model of that exact shape; a local directory with weights loads them.
+- Tokenizers are built locally: the directory's own tokenizer files when present, else a
+  character-level WordLevel tokenizer (every printable ASCII character is one token).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+from typing import Any
+
+from grpo_pilot.errors import InputError
+
+PAD, EOS, UNK = "<pad>", "<|endoftext|>", "<unk>"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def char_vocab(alphabet: str | None = None) -> dict[str, int]:
+    """Special tokens first, then one id per character (default: printable ASCII without \\x0b\\x0c)."""
+    chars = alphabet if alphabet is not None else "".join(c for c in string.printable if c not in "\x0b\x0c\r")
+    vocab = {PAD: 0, EOS: 1, UNK: 2}
+    for ch in chars:
+        vocab.setdefault(ch, len(vocab))
+    return vocab
+
+
+def build_char_tokenizer(alphabet: str | None = None) -> Any:
+    """A `PreTrainedTokenizerFast` that maps each character to one token (no merges, no normaliser)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab=char_vocab(alphabet), unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    fast.padding_side = "left"
+    return fast
+
+
+def _config_dict(model: str) -> tuple[dict[str, Any], Path | None]:
+    """The HF config dict for an alias or a path, and the directory if `model` is a local directory."""
+    from grpo_pilot.profiles.catalog import _configs_dir, resolve_model
+    from grpo_pilot.profiles.spec import load_hf_config
+
+    path = Path(model).expanduser()
+    if path.exists():
+        cfg, _ = load_hf_config(path)
+        return cfg, path if path.is_dir() else path.parent
+    resolved = resolve_model(model)  # raises InputError with the closest aliases
+    cfg = json.loads((_configs_dir() / f"{resolved.resolved}.json").read_text())
+    return {k: v for k, v in cfg.items() if not k.startswith("_")}, None
+
+
+def has_weights(directory: Path | None) -> bool:
+    return directory is not None and any((directory / f).exists() for f in WEIGHT_FILES)
+
+
+def build_model(model: str, *, seed: int = 0, dtype: str = "float32", vocab_size: int | None = None) -> Any:
+    """Load weights from a local directory when it has them; otherwise a seeded random init of the shape.
+
+    `vocab_size` overrides the config's vocabulary (used to fit a random model to a local tokenizer).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg_dict, directory = _config_dict(model)
+    torch_dtype = getattr(torch, dtype)
+    if has_weights(directory):
+        return AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype)
+    cfg_dict = dict(cfg_dict)
+    model_type = cfg_dict.pop("model_type", None)
+    if model_type is None:
+        raise InputError(f"The config of '{model}' has no model_type.", "Add \"model_type\" (e.g. \"qwen2\") to config.json.")
+    if vocab_size is not None:
+        cfg_dict["vocab_size"] = vocab_size
+    cfg_dict.pop("architectures", None)
+    cfg_dict.pop("torch_dtype", None)
+    config = AutoConfig.for_model(model_type, **cfg_dict)
+    torch.manual_seed(seed)
+    net = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    return net
+
+
+def build_tokenizer(model: str) -> Any:
+    """The directory's tokenizer files if it has them, else the local character tokenizer."""
+    from transformers import AutoTokenizer
+
+    _, directory = _config_dict(model)
+    if directory is not None and ((directory / "tokenizer.json").exists() or (directory / "tokenizer_config.json").exists()):
+        tok = AutoTokenizer.from_pretrained(str(directory))
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        tok.padding_side = "left"
+        return tok
+    return build_char_tokenizer()
+
+
+def save_model_dir(net: Any, tokenizer: Any, directory: str | Path) -> Path:
+    """Write config, weights and tokenizer to `directory` (what vLLM needs to start)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    net.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out

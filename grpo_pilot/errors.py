@@ -1,0 +1,43 @@
+"""Exceptions the CLI turns into one short paragraph and an exit status (never a traceback).
+
+Exit statuses: 2 = bad input or usage (fix the command or the file), 3 = the request cannot fit,
+1 = a run failed for another reason.
+"""
+
+from __future__ import annotations
+
+
+class GrpoPilotError(Exception):
+    """Base class: `message` says what is wrong, `hint` what to do about it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def paragraph(self) -> str:
+        return f"{self.message} {self.hint}".strip()
+
+
+class InputError(GrpoPilotError):
+    """Bad user input: unknown model, malformed cluster string, corrupt plan.json, bad dataset line."""
+
+    exit_code = 2
+
+
+class InfeasibleError(GrpoPilotError):
+    """Nothing fits (or a pinned configuration does not fit). `plan` holds the evaluated plan if any."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, hint: str = "", plan: object | None = None) -> None:
+        super().__init__(message, hint)
+        self.plan = plan
+
+
+class RunError(GrpoPilotError):
+    """A run failed for a reason that is not the user's input (a backend crashed, a checkpoint is missing)."""
+
+    exit_code = 1

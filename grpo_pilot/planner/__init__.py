@@ -1,0 +1,1 @@
+"""Pure estimation and search: no torch, no vLLM, no Ray."""

@@ -1,0 +1,100 @@
+"""`Plan`: the frozen, versioned result of planning, stored as plan.json.
+
+JSON contract (other tools read it): top level `schema_version, fits, knobs, peak_gpu_bytes,
+usable_gpu_bytes, predicted_step_s, phases`; `phases` maps rollout, log_prob, update, weight_sync to
+`{"total_bytes": int, "items": {name: bytes}}`; items named `overhead_*` are non-tensor overheads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+
+from grpo_pilot import __version__
+from grpo_pilot.atomic import atomic_write_text
+from grpo_pilot.errors import InputError
+from grpo_pilot.hardware.cluster import Cluster
+from grpo_pilot.models import Frozen
+from grpo_pilot.planner.config import Knobs, PhaseName, Target, Workload
+from grpo_pilot.planner.reports import PhaseMemory
+from grpo_pilot.profiles.spec import ModelSpec
+
+SCHEMA_VERSION = 1
+
+
+class ModelRef(Frozen):
+    """The model as the user named it and as it resolved."""
+
+    requested: str = Field(description="What the user typed (alias, hub id or path).")
+    resolved: str = Field(description="Bundled config name or local path it resolved to.")
+    hub_id: str | None = Field(default=None, description="Hub id of the bundled model, if any.")
+    spec: ModelSpec
+
+
+class Provenance(Frozen):
+    """Where the numbers come from."""
+
+    tool_version: str = __version__
+    calibration: str | None = Field(default=None, description="Calibration profile applied to the coefficients (None = analytic defaults).")
+    search_trials: int = Field(default=0, ge=0, description="Optuna trials evaluated (0 = every knob pinned).")
+    search_seed: int | None = Field(default=None, description="Sampler seed.")
+    feasible_trials: int = Field(default=0, ge=0, description="Trials that satisfied every constraint.")
+
+
+class Plan(Frozen):
+    """A fully evaluated configuration: inputs, knobs, predicted memory and time, verdict."""
+
+    schema_version: int = Field(default=SCHEMA_VERSION, description="plan.json schema; bumped on breaking changes.")
+    fits: bool = Field(description="Every phase fits usable GPU memory, host RAM fits, and every divisibility rule holds.")
+    knobs: Knobs
+    peak_gpu_bytes: int = Field(ge=0, description="Largest phase total on one GPU.")
+    usable_gpu_bytes: int = Field(gt=0, description="Device memory minus the safety headroom.")
+    predicted_step_s: float = Field(ge=0.0, description="Roofline seconds per GRPO step.")
+    phases: dict[PhaseName, PhaseMemory]
+    phase_times_s: dict[PhaseName, float] = Field(description="Predicted seconds by phase.")
+    tokens_per_s: float = Field(ge=0.0, description="Predicted trained tokens per second (cluster).")
+    mfu: float = Field(ge=0.0, description="Predicted model FLOPs utilisation.")
+    host: PhaseMemory = Field(description="Host RAM per node, itemised.")
+    host_ram_bytes_per_node: int = Field(gt=0, description="Host RAM available per node.")
+    kv_cache_tokens_per_gpu: int = Field(ge=0)
+    max_concurrent_seqs: int = Field(ge=0)
+    binding_constraint: str | None = Field(default=None, description="'phase.item' (or rule) that limits the plan; None if nothing binds.")
+    violations: tuple[str, ...] = Field(default=(), description="Every constraint this plan breaks (empty when fits).")
+    suggestions: tuple[str, ...] = Field(default=(), description="What would make it fit, computed by the estimator.")
+    model: ModelRef
+    cluster: Cluster
+    workload: Workload
+    target: Target = Field(default="grpo-pilot", description="Executor whose choices the estimate models.")
+    provenance: Provenance = Field(default_factory=Provenance)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2) + "\n"
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    """Write plan.json atomically (temp file + rename)."""
+    return atomic_write_text(path, plan.to_json())
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read plan.json; corrupt, foreign or newer files raise `InputError` with what to do."""
+    p = Path(path)
+    redo = "Re-create it with `grpo-plan ... --out plan.json`."
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(f"No plan file at '{p}'.", redo) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"'{p}' is not valid JSON ({exc}).", redo) from None
+    if not isinstance(raw, dict) or "schema_version" not in raw or "knobs" not in raw:
+        raise InputError(f"'{p}' is not a grpo-pilot plan (no schema_version/knobs).", redo)
+    if raw["schema_version"] != SCHEMA_VERSION:
+        raise InputError(f"'{p}' has plan schema_version {raw['schema_version']}; this grpo-pilot reads version {SCHEMA_VERSION}.", redo)
+    try:
+        return Plan.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise InputError(f"'{p}' is a damaged plan: field '{where}': {first['msg']} ({exc.error_count()} problem(s)).", redo) from None
