@@ -1,0 +1,121 @@
+"""Read a JSONL prompt set, validate every line, and return a `PromptSet` — before any training starts.
+
+`load_prompts(path, fmt="auto", transform=None, skip_invalid=False)`:
+- one JSON object per line; blank lines are ignored; lines are numbered from 1 as in an editor;
+- `fmt` is "auto" (detect per line) or one of `FORMATS` (every line must have that format's keys);
+- `transform` ("module:function" or "file.py:function") maps each raw object to one of the formats
+  first; returning None drops the line (counted in `PromptSet.dropped`);
+- every bad line (invalid JSON, not an object, missing or mistyped field, transform error) is
+  reported as "file:line: field 'x': problem". By default the whole file is checked and an
+  `InputError` lists the first few problems and the count; with `skip_invalid=True` bad lines are
+  left out and counted in `PromptSet.skipped` (their messages in `skip_reasons`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+from grpo_pilot.engine.data.callables import load_callable
+from grpo_pilot.engine.data.formats import RecordError, parse_record
+from grpo_pilot.engine.data.records import FORMATS, PromptRecord, PromptSet
+from grpo_pilot.errors import InputError
+
+MAX_LISTED_PROBLEMS = 5
+MAX_SKIP_REASONS = 20
+
+
+def _open_lines(path: Path) -> list[str]:
+    if not path.exists():
+        raise InputError(f"Prompt file '{path}' does not exist.", "Pass the path of a JSONL file (one JSON object per line).")
+    if not path.is_file():
+        raise InputError(f"Prompt file '{path}' is not a regular file.", "Pass the path of a JSONL file.")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        bad_line = data[: exc.start].count(b"\n") + 1
+        raise InputError(
+            f"{path}:{bad_line}: not valid UTF-8 (byte {exc.start}).", "Re-encode the file as UTF-8."
+        ) from exc
+    return text.split("\n")
+
+
+def _json_problem(exc: json.JSONDecodeError) -> str:
+    return f"field '<line>': not valid JSON ({exc.msg} at column {exc.colno})"
+
+
+def _apply_transform(transform: Callable[[dict[str, Any]], Any], ref: str, raw: object) -> object:
+    try:
+        out = transform(raw)
+    except Exception as exc:  # user code: turn any failure into a line-level problem
+        raise RecordError("<transform>", f"{ref} raised {type(exc).__name__}: {exc}") from exc
+    if out is not None and not isinstance(out, dict):
+        raise RecordError("<transform>", f"{ref} returned {type(out).__name__}; it must return a dict or None")
+    return out
+
+
+def load_prompts(
+    path: str | os.PathLike[str],
+    *,
+    fmt: str = "auto",
+    transform: str | None = None,
+    skip_invalid: bool = False,
+) -> PromptSet:
+    """Load and validate a JSONL prompt set; see the module docstring for formats and errors."""
+    if fmt != "auto" and fmt not in FORMATS:
+        raise InputError(f"Unknown prompt format '{fmt}'.", f"Use auto or one of: {', '.join(FORMATS)}.")
+    source = Path(path)
+    transform_fn = load_callable(transform, role="data transform") if transform else None
+    records: list[PromptRecord] = []
+    problems: list[str] = []
+    formats: Counter[str] = Counter()
+    dropped = 0
+    for number, text in enumerate(_open_lines(source), start=1):
+        if not text.strip():
+            continue
+        try:
+            try:
+                raw = json.loads(text)
+            except json.JSONDecodeError as exc:
+                problems.append(f"{source}:{number}: {_json_problem(exc)}")
+                continue
+            if transform_fn is not None:
+                raw = _apply_transform(transform_fn, str(transform), raw)
+                if raw is None:
+                    dropped += 1
+                    continue
+            record, used = parse_record(number, raw, fmt)
+        except RecordError as exc:
+            problems.append(f"{source}:{number}: {exc}")
+            continue
+        records.append(record)
+        formats[used] += 1
+
+    if problems and not skip_invalid:
+        listed = "; ".join(problems[:MAX_LISTED_PROBLEMS])
+        more = f" (and {len(problems) - MAX_LISTED_PROBLEMS} more)" if len(problems) > MAX_LISTED_PROBLEMS else ""
+        raise InputError(
+            f"{len(problems)} invalid line(s) in the prompt file: {listed}{more}.",
+            "Fix those lines, or pass --skip-invalid to leave them out (they are counted and reported).",
+        )
+    if not records:
+        reason = f"all {len(problems)} non-blank line(s) are invalid" if problems else (
+            f"the transform dropped all {dropped} line(s)" if dropped else "it has no JSON lines"
+        )
+        raise InputError(
+            f"Prompt file '{source}' holds no usable prompt: {reason}.",
+            "Give a JSONL file with one object per line, e.g. {\"prompt\": \"...\", \"answer\": \"...\"}.",
+        )
+    detected = fmt if fmt != "auto" else (next(iter(formats)) if len(formats) == 1 else "mixed")
+    return PromptSet(
+        source=str(source),
+        records=tuple(records),
+        skipped=len(problems),
+        dropped=dropped,
+        fmt=detected,
+        skip_reasons=tuple(problems[:MAX_SKIP_REASONS]),
+    )

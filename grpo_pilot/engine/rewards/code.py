@@ -1,0 +1,68 @@
+"""The `code` built-in: run the completion's code against the record's assert tests in a sandbox.
+
+Code extraction: the last fenced block tagged python/py/python3 or untagged (```...```); an
+unclosed fence (a truncated completion) runs to the end of the text; with no fence at all the
+whole completion is the code. Score: the fraction of the record's tests that pass
+(`mode=fraction`), or 1.0 only when all pass (`mode=all`). Each completion runs in its own
+confined process (see sandbox.py), `workers` at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Literal
+
+from pydantic import Field
+
+from grpo_pilot.engine.rewards.result import ScoreBatch, Scorer
+from grpo_pilot.engine.rewards.sandbox import MIB, SandboxLimits, run_many
+from grpo_pilot.models import Frozen
+
+_FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+PYTHON_TAGS = frozenset({"", "python", "py", "python3"})
+
+
+def extract_code(completion: str) -> str:
+    """The Python code a completion gives (see the module docstring for the rule)."""
+    blocks = [(tag.lower(), body) for tag, body in _FENCE.findall(completion)]
+    python = [body for tag, body in blocks if tag in PYTHON_TAGS]
+    if python:
+        return python[-1]
+    if blocks:
+        return ""
+    return completion
+
+
+def _default_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class CodeOptions(Frozen):
+    timeout_s: float = Field(default=5.0, gt=0, le=600, description="Wall-clock limit per completion.")
+    cpu_s: float | None = Field(default=None, gt=0, le=600, description="CPU-time limit; default timeout_s.")
+    memory_mb: int = Field(default=512, ge=64, description="Address-space limit per completion, MiB.")
+    max_procs: int = Field(default=32, ge=1, le=4096, description="Processes/threads the code may start.")
+    workers: int = Field(default_factory=_default_workers, ge=1, le=64, description="Completions run at once.")
+    mode: Literal["fraction", "all"] = Field(default="fraction", description="fraction of tests, or all-or-nothing.")
+
+    def limits(self) -> SandboxLimits:
+        return SandboxLimits(
+            timeout_s=self.timeout_s,
+            cpu_s=self.cpu_s if self.cpu_s is not None else self.timeout_s,
+            memory_bytes=self.memory_mb * MIB,
+            max_procs=self.max_procs,
+        )
+
+
+def make_code(opts: CodeOptions) -> Scorer:
+    limits = opts.limits()
+
+    def score(batch: ScoreBatch) -> list[float]:
+        jobs = [(extract_code(c), r.tests) for c, r in zip(batch.completions, batch.records)]
+        results = run_many(jobs, limits, workers=opts.workers)
+        if opts.mode == "all":
+            return [1.0 if r.passed and all(r.passed) else 0.0 for r in results]
+        return [r.fraction for r in results]
+
+    return score

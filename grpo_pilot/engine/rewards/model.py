@@ -1,0 +1,115 @@
+"""`build_reward(spec)` -> `RewardModel`: a weighted sum of built-in and user reward parts.
+
+`RewardModel.score(completions, records, num_tokens=None)` returns a `RewardResult` whose
+`total[i] = sum_k weight_k * part_k[i]`; `parts` holds each part's unweighted scores under its
+label (the built-in name or the callable reference; a repeated label gets "#2", "#3", ...).
+`check_records(records)` raises an `InputError` naming the lines that lack a field a part needs
+(`answer` for exact_match, `tests` for code) — call it once after loading, before training;
+`score` checks the same fields on each batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from grpo_pilot.engine.data.records import PromptRecord
+from grpo_pilot.engine.rewards.registry import BUILTINS, build_options
+from grpo_pilot.engine.rewards.result import RewardResult, ScoreBatch, Scorer, checked_scores
+from grpo_pilot.engine.rewards.spec import RewardTerm, parse_spec
+from grpo_pilot.engine.rewards.text import require_field
+from grpo_pilot.engine.rewards.user import make_user_scorer
+
+
+@dataclass(frozen=True)
+class RewardPart:
+    """One weighted part of a reward model."""
+
+    label: str
+    weight: float
+    scorer: Scorer
+    requires: tuple[str, ...]
+    term: RewardTerm
+
+
+class RewardModel:
+    """Scores completions with a weighted sum of parts; build it with `build_reward`."""
+
+    def __init__(self, parts: Sequence[RewardPart], *, spec: str, tokenizer: Any = None) -> None:
+        if not parts:
+            raise ValueError("a RewardModel needs at least one part")
+        self.parts = tuple(parts)
+        self.spec = spec
+        self.tokenizer = tokenizer
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(p.label for p in self.parts)
+
+    @property
+    def required_fields(self) -> frozenset[str]:
+        return frozenset(f for p in self.parts for f in p.requires)
+
+    def describe(self) -> str:
+        """Human-readable sum, e.g. '1 x exact_match + 0.5 x format'."""
+        return " + ".join(f"{p.weight:g} x {p.label}" for p in self.parts)
+
+    def check_records(self, records: Sequence[PromptRecord]) -> None:
+        """Raise `InputError` if some record lacks a field one of the parts reads."""
+        batch = ScoreBatch(completions=[""] * len(records), records=records)
+        for part in self.parts:
+            for field in part.requires:
+                require_field(batch, field, part.label)
+
+    def score(
+        self,
+        completions: Sequence[str],
+        records: Sequence[PromptRecord],
+        *,
+        num_tokens: Sequence[int] | None = None,
+    ) -> RewardResult:
+        """Rewards for completion i answering records[i]; `num_tokens[i]` is its token count if known."""
+        if len(completions) != len(records):
+            raise ValueError(f"{len(completions)} completions but {len(records)} records")
+        if num_tokens is not None and len(num_tokens) != len(completions):
+            raise ValueError(f"{len(num_tokens)} token counts for {len(completions)} completions")
+        batch = ScoreBatch(completions=completions, records=records, num_tokens=num_tokens, tokenizer=self.tokenizer)
+        parts: dict[str, tuple[float, ...]] = {}
+        for part in self.parts:
+            for field in part.requires:
+                require_field(batch, field, part.label)
+            parts[part.label] = checked_scores(part.scorer(batch), len(completions), part.label)
+        total = tuple(
+            sum(p.weight * parts[p.label][i] for p in self.parts) for i in range(len(completions))
+        )
+        return RewardResult(total=total, parts=parts, weights={p.label: p.weight for p in self.parts})
+
+
+def _unique(label: str, taken: set[str]) -> str:
+    if label not in taken:
+        return label
+    k = 2
+    while f"{label}#{k}" in taken:
+        k += 1
+    return f"{label}#{k}"
+
+
+def build_reward(spec: str, *, tokenizer: Any = None) -> RewardModel:
+    """Parse `spec` (grammar in rewards/spec.py) and build every part; bad specs raise `InputError`.
+
+    `tokenizer` is used only by length-type parts counting tokens when `score` gets no `num_tokens`.
+    """
+    parts: list[RewardPart] = []
+    taken: set[str] = set()
+    for term in parse_spec(spec, BUILTINS):
+        if term.kind == "builtin":
+            builtin = BUILTINS[term.name]
+            scorer = builtin.make(build_options(builtin, term.options))
+            requires = builtin.requires
+        else:
+            scorer = make_user_scorer(term.name)
+            requires = ()
+        label = _unique(term.name, taken)
+        taken.add(label)
+        parts.append(RewardPart(label=label, weight=term.weight, scorer=scorer, requires=requires, term=term))
+    return RewardModel(parts, spec=spec, tokenizer=tokenizer)
