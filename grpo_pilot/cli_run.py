@@ -1,0 +1,82 @@
+"""`grpo-run plan.json [--config run.toml] [flags]`: execute a plan with the embedded GRPO engine.
+
+Settings come from the run config file and flags (flags win; `--set KEY=VALUE` reaches every
+setting of `RunConfig`). Outputs in the output directory: metrics.jsonl, checkpoints/,
+profile.json (measured vs predicted per phase) and run_config.json. Exit status 2 for bad input
+(missing/corrupt plan, bad dataset line, bad reward spec, ...), 1 when the run itself fails.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from grpo_pilot.cli import handle_errors
+
+app = typer.Typer(add_completion=False, help="Run GRPO for a plan.json and compare measured memory/time with the plan.")
+
+
+@app.command()
+@handle_errors
+def main(
+    plan: Path = typer.Argument(..., help="plan.json written by grpo-plan --out."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Run config (TOML or JSON); flags override it."),
+    dataset: Optional[str] = typer.Option(None, help="JSONL prompt set."),
+    dataset_format: Optional[str] = typer.Option(None, "--format", help="auto | prompt_answer | instruction_response | input_output | messages."),
+    transform: Optional[str] = typer.Option(None, help="Record transform 'module:function' or 'file.py:function'."),
+    skip_invalid: Optional[bool] = typer.Option(None, "--skip-invalid/--no-skip-invalid", help="Skip and count bad records instead of stopping."),
+    reward: Optional[str] = typer.Option(None, help="Reward spec, e.g. 'char_fraction:char=a' or 'exact_match=1,format=0.5'."),
+    steps: Optional[int] = typer.Option(None, help="GRPO steps to run."),
+    lr: Optional[float] = typer.Option(None, help="Learning rate."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory."),
+    seed: Optional[int] = typer.Option(None, help="Seed (model init, data order, sampling)."),
+    backend: Optional[str] = typer.Option(None, help="Rollout backend: hf | vllm (default: the plan's)."),
+    temperature: Optional[float] = typer.Option(None, help="Sampling temperature."),
+    max_new_tokens: Optional[int] = typer.Option(None, help="Response cap (≤ the plan's response length)."),
+    checkpoint_every: Optional[int] = typer.Option(None, help="Checkpoint every N steps (0 = at the end only)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the output directory."),
+    device: Optional[str] = typer.Option(None, help="auto | cpu | cuda."),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads."),
+    set_: list[str] = typer.Option([], "--set", help="Any run setting as KEY=VALUE (repeatable), e.g. --set clip_high=0.28."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No live display and no summary table."),
+) -> None:
+    """Run GRPO for PLAN and write metrics.jsonl, checkpoints and profile.json."""
+    from rich.console import Console
+
+    from grpo_pilot.engine.run_config import build_run_config, parse_set_option, read_config_file
+    from grpo_pilot.planner.plan import load_plan
+
+    the_plan = load_plan(plan)
+    file_values = read_config_file(config) if config is not None else {}
+    flags = {
+        "dataset": dataset, "dataset_format": dataset_format, "transform": transform, "skip_invalid": skip_invalid, "reward": reward,
+        "steps": steps, "lr": lr, "output_dir": out, "seed": seed, "rollout_backend": backend, "temperature": temperature,
+        "max_new_tokens": max_new_tokens, "checkpoint_every": checkpoint_every, "resume": resume or None, "device": device, "threads": threads,
+    }
+    flags.update(parse_set_option(set_))
+    cfg = build_run_config(file_values, flags, source=f"run config ({config})" if config else "command line")
+
+    from grpo_pilot.engine.loop import run
+    from grpo_pilot.engine.metrics import summary_table
+
+    console = Console(stderr=True)
+    result = run(the_plan, cfg, plan_path=plan, quiet=quiet, console=console)
+    if quiet:
+        return
+    out_console = Console(file=sys.stdout)
+    if result.last_step == result.start_step:
+        out_console.print(f"nothing to do: the run in {result.output_dir} is already at step {result.start_step} of {cfg.steps}.")
+        return
+    out_console.print(summary_table(result.profile))
+    last = result.last_record or {}
+    reward_mean = last.get("reward_mean")
+    out_console.print(
+        f"steps {result.start_step + 1}–{result.last_step} done"
+        + (f"; last reward mean {reward_mean:.3f}" if reward_mean is not None else "")
+        + f". Outputs: {Path(result.output_dir) / 'metrics.jsonl'}, {Path(result.output_dir) / 'profile.json'}"
+    )
+    for note in result.profile.notes:
+        out_console.print(f"note: {note}")

@@ -1,0 +1,268 @@
+"""The actor: policy + optimizer + frozen reference behind a small interface the step loop calls.
+
+    actor.log_probs(samples, ref=False) -> list[Tensor[r_i]]      no grad; old-policy or reference pass
+    actor.update(samples, advantages, ...) -> metrics             one optimizer step over a mini-batch
+    actor.state_dict() / actor.load_state_dict(...)               checkpoints
+
+The same calls can later run on N workers (FSDP2 + Ray) with the samples sharded; nothing here
+assumes one process beyond `torch.nn.Module` ownership.
+
+Micro-batching (no compute on padding): every micro-batch is ONE packed row — the sequences
+(prompt + response) of the micro-batch concatenated, `position_ids` restarting at 0 for each and no
+attention mask, so transformers builds a block-diagonal causal mask from the position resets
+(`masking_utils.find_packed_sequence_indices`; flash-attention kernels use the same resets). With
+`max_token_len_per_gpu` (dynamic batching) sequences are binned first-fit-decreasing by length into
+micro-batches of at most that many tokens; otherwise `micro_batch_size_per_gpu` consecutive
+sequences form a micro-batch. Log-probs are only computed at the positions that predict response
+tokens (`logits_to_keep` with an index tensor, or chunked over those hidden states when the plan
+says `fused_logprob`).
+
+Gradient accumulation is exact: every micro-batch loss uses the mini-batch's token and sequence
+counts as denominators (`policy_loss(global_num_tokens=, global_num_seqs=)`), so the summed
+gradient equals the mini-batch gradient. Then grad-norm clipping and AdamW.
+
+Precision: fp32 master weights everywhere; on CUDA the forward runs under bf16 autocast and the
+reference model is a bf16 copy; on CPU everything is fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from grpo_pilot.engine.algos.dapo import mask_truncated
+from grpo_pilot.engine.algos.logprobs import chunked_token_logprobs, entropy_from_logits, token_logprobs
+from grpo_pilot.engine.algos.policy_loss import policy_loss
+from grpo_pilot.models import Frozen
+from grpo_pilot.planner.config import Knobs
+from grpo_pilot.planner.memory.logits import FUSED_LOGPROB_CHUNK_TOKENS
+
+SUMMED_METRICS = ("loss", "pg_loss", "kl_loss", "entropy_loss")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion with its prompt; `truncated` = cut at the length cap (DAPO overlong filtering)."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    truncated: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+class LossSettings(Frozen):
+    """The `policy_loss` keywords of a run (see grpo_pilot.engine.algos.policy_loss)."""
+
+    loss_agg_mode: str = "token-mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_c: float | None = 3.0
+    ratio_level: str = "token"
+    kl_coef: float = 0.0
+    kl_type: str = "k3"
+    entropy_coeff: float = 0.0
+    loss_scale_len: int | None = None
+    mask_truncated: bool = False
+
+
+def plan_micro_batches(lengths: Sequence[int], *, max_tokens: int | None = None, max_seqs: int | None = None) -> list[list[int]]:
+    """Indices of `lengths` grouped into micro-batches.
+
+    `max_tokens`: first-fit decreasing by length (ties by index), each bin ≤ `max_tokens` tokens;
+    bins come out in creation order (longest first). Else `max_seqs` consecutive indices per bin.
+    """
+    if max_tokens is None:
+        step = max_seqs or max(1, len(lengths))
+        return [list(range(i, min(i + step, len(lengths)))) for i in range(0, len(lengths), step)]
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        if lengths[i] > max_tokens:
+            raise ValueError(f"sequence of {lengths[i]} tokens exceeds the micro-batch token budget {max_tokens}")
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(max_tokens - lengths[i])
+    return bins
+
+
+def pad_rows(rows: Sequence[Tensor], width: int | None = None) -> Tensor:
+    """[k, width] float tensor from 1-D rows (zeros after each row's end)."""
+    width = width if width is not None else max((r.numel() for r in rows), default=0)
+    out = torch.zeros((len(rows), width), dtype=torch.float32, device=rows[0].device if rows else None)
+    for i, r in enumerate(rows):
+        out[i, : r.numel()] = r
+    return out
+
+
+class Actor:
+    """Owns the policy (fp32 master), its AdamW optimizer, and the frozen reference (initial policy)."""
+
+    def __init__(self, policy: torch.nn.Module, *, device: torch.device, knobs: Knobs, lr: float, weight_decay: float = 0.01,
+                 betas: tuple[float, float] = (0.9, 0.999), max_grad_norm: float = 1.0, temperature: float = 1.0, with_ref: bool = False) -> None:
+        self.device = device
+        self.knobs = knobs
+        self.temperature = temperature
+        self.max_grad_norm = max_grad_norm
+        self.policy = policy.to(device=device, dtype=torch.float32)
+        self.policy.config.use_cache = False
+        self.autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
+        self.ref: torch.nn.Module | None = None
+        if with_ref:  # frozen copy of the initial policy; bf16 on GPU (what the planner assumes)
+            ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
+            if self.autocast_dtype is not None:
+                ref = ref.to(self.autocast_dtype)
+            self.ref = ref.to("cpu") if knobs.ref_param_offload and device.type == "cuda" else ref
+        if knobs.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.unapplied_knobs = tuple(
+            name for name, on in (("param_offload", knobs.param_offload), ("optimizer_offload", knobs.optimizer_offload),
+                                  (f"ulysses_sp={knobs.ulysses_sp}", knobs.ulysses_sp > 1)) if on
+        )
+
+    # -- forward pieces ------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _packed_logprobs(self, model: torch.nn.Module, samples: Sequence[Sample], *, with_entropy: bool,
+                         entropy_grad: bool = False) -> tuple[list[Tensor], list[Tensor] | None]:
+        """Per-sample response log-probs (and entropies) from one packed forward of `samples`.
+
+        Entropies carry a gradient only with `entropy_grad` (else they are a metric and keep no graph).
+        """
+        ids, pos, keep, targets = [], [], [], []
+        offset = 0
+        for s in samples:
+            n, p = s.num_tokens, len(s.prompt_ids)
+            ids.extend(s.prompt_ids + s.response_ids)
+            pos.append(torch.arange(n))
+            keep.append(torch.arange(offset + p - 1, offset + n - 1))  # logits at t-1 predict token t
+            targets.extend(s.response_ids)
+            offset += n
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+        position_ids = torch.cat(pos).unsqueeze(0).to(self.device)
+        keep_idx = torch.cat(keep).to(self.device)
+        target_ids = torch.tensor(targets, dtype=torch.long, device=self.device)
+        entropy: Tensor | None = None
+        with self._autocast():
+            if self.knobs.fused_logprob:
+                hidden = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state[0, keep_idx]
+                weight = model.get_output_embeddings().weight
+                logprobs, entropy = chunked_token_logprobs(hidden, weight.to(hidden.dtype), target_ids, temperature=self.temperature,
+                                                           chunk_tokens=FUSED_LOGPROB_CHUNK_TOKENS, with_entropy=with_entropy)
+            else:
+                logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep_idx).logits[0]
+                logprobs = token_logprobs(logits, target_ids, temperature=self.temperature)
+                if with_entropy:
+                    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+                        entropy = entropy_from_logits(logits, temperature=self.temperature)
+        sizes = [len(s.response_ids) for s in samples]
+        return list(logprobs.split(sizes)), (list(entropy.split(sizes)) if entropy is not None else None)
+
+    @contextlib.contextmanager
+    def _ref_on_device(self) -> Iterator[torch.nn.Module]:
+        assert self.ref is not None
+        offloaded = next(self.ref.parameters()).device != self.device
+        if offloaded:
+            self.ref.to(self.device)
+        try:
+            yield self.ref
+        finally:
+            if offloaded:
+                self.ref.to("cpu")
+
+    # -- the interface -------------------------------------------------------------------------
+    @torch.no_grad()
+    def log_probs(self, samples: Sequence[Sample], *, ref: bool = False) -> list[Tensor]:
+        """Response log-probs [r_i] per sample under the current policy (or the reference); no grad.
+
+        Packed in micro-batches of at most `log_prob_max_token_len_per_gpu` tokens.
+        """
+        out: list[Tensor | None] = [None] * len(samples)
+        bins = plan_micro_batches([s.num_tokens for s in samples], max_tokens=self.knobs.log_prob_max_token_len_per_gpu)
+        with (self._ref_on_device() if ref else contextlib.nullcontext(self.policy)) as model:
+            was_training = model.training
+            model.eval()
+            try:
+                for b in bins:
+                    lps, _ = self._packed_logprobs(model, [samples[i] for i in b], with_entropy=False)
+                    for i, lp in zip(b, lps):
+                        out[i] = lp.float()
+            finally:
+                model.train(was_training)
+        return out  # type: ignore[return-value]
+
+    def update(self, samples: Sequence[Sample], advantages: Tensor, loss: LossSettings, *,
+               old_logprobs: Sequence[Tensor] | None = None, ref_logprobs: Sequence[Tensor] | None = None) -> dict[str, float]:
+        """One optimizer step on this mini-batch; returns summed losses and token-weighted statistics.
+
+        `advantages` [len(samples)]; `old_logprobs` None = on-policy (the detached current log-probs).
+        """
+        self.policy.train()
+        lengths = [s.num_tokens for s in samples]
+        bins = plan_micro_batches(lengths, max_tokens=self.knobs.max_token_len_per_gpu,
+                                  max_seqs=None if self.knobs.dynamic_batching else self.knobs.micro_batch_size_per_gpu)
+        trained = [not (loss.mask_truncated and s.truncated) for s in samples]
+        num_tokens = sum(len(s.response_ids) for s, t in zip(samples, trained) if t)
+        sums: dict[str, float] = {}
+        weighted: dict[str, float] = {}
+        weight_total = 0.0
+        for b in bins:
+            mb = [samples[i] for i in b]
+            # entropy is always reported; it carries a gradient only when entropy_coeff != 0
+            lps, ents = self._packed_logprobs(self.policy, mb, with_entropy=True, entropy_grad=loss.entropy_coeff != 0.0)
+            width = max(len(s.response_ids) for s in mb)
+            lp = pad_rows(lps, width)
+            mask = pad_rows([torch.ones(len(s.response_ids), device=self.device) for s in mb], width)
+            truncated = torch.tensor([not trained[i] for i in b], device=self.device)
+            mask = mask_truncated(mask, truncated)
+            old = pad_rows([old_logprobs[i] for i in b], width) if old_logprobs is not None else lp.detach()
+            refs = pad_rows([ref_logprobs[i] for i in b], width) if ref_logprobs is not None else None
+            ent = pad_rows(ents, width) if ents is not None else None
+            if ent is not None and loss.entropy_coeff == 0.0:
+                ent = ent.detach()
+            total, metrics = policy_loss(
+                lp, old, advantages[b].to(self.device), mask,
+                loss_agg_mode=loss.loss_agg_mode, clip_low=loss.clip_low, clip_high=loss.clip_high, clip_c=loss.clip_c,
+                ref_logprobs=refs, kl_coef=loss.kl_coef, kl_type=loss.kl_type, ratio_level=loss.ratio_level,
+                entropy=ent, entropy_coeff=loss.entropy_coeff, loss_scale_len=loss.loss_scale_len,
+                global_num_tokens=max(num_tokens, 1), global_num_seqs=len(samples),
+            )
+            total.backward()
+            w = metrics.get("num_tokens", 0.0)
+            weight_total += w
+            for k, v in metrics.items():
+                if k in SUMMED_METRICS:
+                    sums[k] = sums.get(k, 0.0) + v
+                elif k not in ("num_tokens", "num_seqs", "ratio_min", "ratio_max"):
+                    weighted[k] = weighted.get(k, 0.0) + v * w
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = dict(sums)
+        out.update({k: v / weight_total for k, v in weighted.items()} if weight_total > 0 else {})
+        out.update(grad_norm=float(grad_norm), num_micro_batches=float(len(bins)), num_tokens=float(num_tokens))
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
+        self.policy.load_state_dict(model)
+        self.optimizer.load_state_dict(optimizer)

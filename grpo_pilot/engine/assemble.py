@@ -1,0 +1,150 @@
+"""Assemble everything a GRPO step needs from a plan and a run config (`build_engine`).
+
+All input validation happens here, before any training: the dataset (every record rendered and
+tokenised, each prompt between 1 and the plan's prompt_len_tokens), the reward spec, the sampling
+cap against the plan's response length, the KL setting against the plan (a KL loss needs the
+reference model the plan budgeted), the token budgets against the longest sequence, the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_pilot.engine.actor import Actor, LossSettings
+from grpo_pilot.engine.data import PromptSampler, PromptSet, load_prompts, render_prompt
+from grpo_pilot.engine.model_factory import build_model, build_tokenizer
+from grpo_pilot.engine.profiling import PhaseProfiler
+from grpo_pilot.engine.rewards import build_reward
+from grpo_pilot.engine.rollout import RolloutBackend, SamplingConfig, build_rollout
+from grpo_pilot.engine.run_config import RunConfig
+from grpo_pilot.errors import InputError
+from grpo_pilot.planner.plan import Plan
+
+VERL_KL_LOSS_COEF = 0.001  # verl actor.kl_loss_coef default (trainer/config/actor/actor.yaml)
+
+
+@dataclass
+class Engine:
+    """The assembled run: what `grpo_step` reads. `prompt_ids[i]` is record i rendered and tokenised."""
+
+    plan: Plan
+    config: RunConfig
+    tokenizer: Any
+    prompts: PromptSet
+    prompt_ids: list[list[int]]
+    sampler: PromptSampler
+    reward: Any
+    actor: Actor
+    rollout: RolloutBackend
+    profiler: PhaseProfiler
+    loss: LossSettings
+    sampling: SamplingConfig
+    n: int
+    prompts_per_step: int
+    mini_batch_prompts: int
+    ppo_epochs: int
+
+
+def model_source(plan: Plan, plan_path: str | Path | None) -> str:
+    """The plan's model as `build_model` takes it: a local directory/config (as given, or next to the plan) or an alias."""
+    requested = plan.model.requested
+    for candidate in (Path(requested), Path(plan.model.resolved)):
+        if candidate.exists():
+            return str(candidate)
+    if plan_path is not None:
+        beside = Path(plan_path).parent / requested
+        if beside.exists():
+            return str(beside)
+    return plan.model.resolved
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise InputError("device = cuda was asked for but torch sees no CUDA device.", "Use --device cpu or auto.")
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def tokenize_prompts(prompts: PromptSet, tokenizer: Any, max_tokens: int) -> list[list[int]]:
+    """Render and tokenise every record; a prompt longer than the plan's prompt_len_tokens stops the run."""
+    out = []
+    for rec in prompts.records:
+        ids = list(tokenizer(render_prompt(rec, tokenizer), add_special_tokens=False)["input_ids"])
+        if not 1 <= len(ids) <= max_tokens:
+            raise InputError(
+                f"{prompts.source}:{rec.line}: the prompt has {len(ids)} tokens; the plan allows 1 to {max_tokens} (prompt_len_tokens).",
+                "Shorten or drop that record, or re-plan with a larger --prompt-len.",
+            )
+        out.append(ids)
+    return out
+
+
+def _check_budgets(plan: Plan, longest: int) -> None:
+    k = plan.knobs
+    for name, budget in (("max_token_len_per_gpu", k.max_token_len_per_gpu), ("log_prob_max_token_len_per_gpu", k.log_prob_max_token_len_per_gpu)):
+        if budget is not None and budget < longest:
+            raise InputError(f"The plan's {name} = {budget} is below the longest sequence ({longest} tokens = prompt + response).",
+                             f"Re-plan (or --pin {name}={longest} or more).")
+
+
+def resolve_loss(plan: Plan, cfg: RunConfig, max_new_tokens: int) -> LossSettings:
+    """Loss keywords: config values, with the plan deciding KL (ref model) and default entropy."""
+    kl_coef = cfg.kl_coef if cfg.kl_coef is not None else (VERL_KL_LOSS_COEF if plan.workload.use_kl_loss else 0.0)
+    if kl_coef > 0 and not plan.workload.use_kl_loss:
+        raise InputError(f"kl_coef = {kl_coef} needs a reference model, but the plan was made without a KL loss (no memory for it).",
+                         "Re-plan with --kl, or set kl_coef = 0.")
+    return LossSettings(
+        loss_agg_mode=cfg.loss_agg_mode, clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c, ratio_level=cfg.ratio_level,
+        kl_coef=kl_coef, kl_type=cfg.kl_type,
+        entropy_coeff=cfg.entropy_coeff if cfg.entropy_coeff is not None else plan.workload.entropy_coeff,
+        loss_scale_len=cfg.loss_scale_len or max_new_tokens, mask_truncated=cfg.mask_truncated,
+    )
+
+
+def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = None) -> Engine:
+    """Validate inputs, then build tokenizer, prompts, reward, policy/actor and rollout backend."""
+    w, k = plan.workload, plan.knobs
+    max_new = cfg.max_new_tokens or w.response_len_tokens
+    if max_new > w.response_len_tokens:
+        raise InputError(f"max_new_tokens = {max_new} exceeds the plan's response_len_tokens = {w.response_len_tokens}.",
+                         "Lower max_new_tokens or re-plan with a larger --response-len.")
+    mini = cfg.mini_batch_prompts or w.mini_batch_prompts
+    if mini > w.prompts_per_step:
+        raise InputError(f"mini_batch_prompts = {mini} exceeds the plan's prompts_per_step = {w.prompts_per_step}.", "Use a mini-batch <= prompts per step.")
+    _check_budgets(plan, w.prompt_len_tokens + max_new)
+    loss = resolve_loss(plan, cfg, max_new)
+    backend = cfg.rollout_backend or k.rollout_backend
+    device = pick_device(cfg.device)
+
+    source = model_source(plan, plan_path)
+    tokenizer = build_tokenizer(source)
+    prompts = load_prompts(cfg.dataset, fmt=cfg.dataset_format, transform=cfg.transform, skip_invalid=cfg.skip_invalid)
+    prompt_ids = tokenize_prompts(prompts, tokenizer, w.prompt_len_tokens)
+    reward = build_reward(cfg.reward, tokenizer=tokenizer)
+
+    vocab = plan.model.spec.vocab_size
+    policy = build_model(source, seed=cfg.seed, vocab_size=len(tokenizer) if len(tokenizer) > vocab else None)
+    actor = Actor(policy, device=device, knobs=k, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                  max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, with_ref=loss.kl_coef > 0)
+    kv_bytes = None
+    if backend == "vllm" and device.type == "cpu" and plan.kv_cache_tokens_per_gpu > 0:
+        from grpo_pilot.engine.rollout.hf import kv_bytes_per_token
+
+        kv_bytes = plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(actor.policy.config, 4)  # vLLM-CPU runs fp32
+    rollout = build_rollout(
+        backend, actor.policy, tokenizer, max_model_len=w.prompt_len_tokens + max_new, gpu_memory_utilization=k.gpu_memory_utilization,
+        tensor_parallel_size=k.rollout_tp, max_num_seqs=k.max_num_seqs, max_num_batched_tokens=k.max_num_batched_tokens,
+        enforce_eager=k.enforce_eager, kv_cache_bytes=kv_bytes, seed=cfg.seed, workdir=Path(cfg.output_dir) / "rollout_model",
+    )
+    return Engine(
+        plan=plan, config=cfg, tokenizer=tokenizer, prompts=prompts, prompt_ids=prompt_ids,
+        sampler=PromptSampler(len(prompts.records), w.prompts_per_step, cfg.seed), reward=reward, actor=actor, rollout=rollout,
+        profiler=PhaseProfiler(str(device), cpu_memory=cfg.cpu_memory), loss=loss,
+        sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new, stop=cfg.stop, seed=cfg.seed),
+        n=w.n, prompts_per_step=w.prompts_per_step, mini_batch_prompts=mini, ppo_epochs=cfg.ppo_epochs or w.ppo_epochs,
+    )

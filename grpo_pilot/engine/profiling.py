@@ -1,0 +1,355 @@
+"""Per-phase wall time and peak memory of every step, and `profile.json` (measured beside predicted).
+
+Phases: rollout, reward, log_prob, update, weight_sync (the plan predicts all but reward). A phase
+entered several times in one step (DAPO refill rounds) sums its wall time and keeps the largest peak.
+
+Peak memory, by device, always labelled with where it comes from:
+- cuda: `torch.cuda.reset_peak_memory_stats()` at phase start, `torch.cuda.max_memory_allocated()` at
+  the end — tensor bytes of this process (no CUDA context, NCCL or allocator slack).
+- cpu, "tensors": `LiveTensorBytes`, a `TorchDispatchMode` that sees every aten op's outputs and
+  counts the bytes of each distinct live storage (freed storages are subtracted through weakref
+  finalizers). It starts from every tensor alive when it is installed (a `gc` scan), so model
+  weights, optimizer states and an in-process engine's buffers are included. Comparable to the plan's
+  tensor items.
+- cpu, always: process peak RSS of the phase (Linux `VmHWM` after resetting it through
+  `/proc/self/clear_refs`; lifetime `ru_maxrss` where that file cannot be written) — includes the
+  interpreter and libraries, so it is an upper bound, never compared with the plan's tensor bytes.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import time
+import weakref
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import Field
+
+from grpo_pilot.models import Frozen
+
+RUN_PHASES: tuple[str, ...] = ("weight_sync", "rollout", "reward", "log_prob", "update")
+
+
+class PhaseSample(Frozen):
+    """One phase of one step."""
+
+    wall_s: float
+    peak_bytes: int | None = None
+    rss_peak_bytes: int | None = None
+
+
+def _tensor_tracker_class() -> type:
+    """Build the dispatch-mode class lazily (keeps torch out of module import)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    class LiveTensorBytes(TorchDispatchMode):
+        """Live bytes of distinct CPU/GPU storages; `peak_bytes` since the last `reset_peak()`."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.live_bytes = 0
+            self.peak_bytes = 0
+            self._seen: Any = WeakIdKeyDictionary()
+
+        def _free(self, nbytes: int) -> None:
+            self.live_bytes -= nbytes
+
+        def track(self, tensor: Any) -> None:
+            if tensor.device.type == "meta" or tensor.is_sparse:
+                return
+            try:
+                storage = tensor.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
+                return
+            if storage in self._seen:
+                return
+            nbytes = storage.nbytes()
+            self._seen[storage] = nbytes
+            if nbytes:
+                self.live_bytes += nbytes
+                weakref.finalize(storage, self._free, nbytes)
+                self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+        def track_existing(self) -> None:
+            """Count every tensor alive now (weights, optimizer states, engine buffers).
+
+            `gc.get_objects()` skips objects in the permanent generation; vLLM `gc.freeze()`s the
+            heap after start-up, so frozen objects are unfrozen for the scan and frozen again.
+            """
+            frozen = gc.get_freeze_count() > 0
+            if frozen:
+                gc.unfreeze()
+            try:
+                tensor_type = torch.Tensor
+                for obj in gc.get_objects():
+                    if issubclass(type(obj), tensor_type):  # type(), not isinstance(): no lazy-module __class__ hooks
+                        self.track(obj)
+            finally:
+                if frozen:
+                    gc.freeze()
+
+        def reset_peak(self) -> None:
+            self.peak_bytes = self.live_bytes
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for leaf in tree_flatten(out)[0]:
+                if isinstance(leaf, torch.Tensor):
+                    self.track(leaf)
+            return out
+
+    return LiveTensorBytes
+
+
+class _Rss:
+    """Peak resident set size of this process between `reset()` and `peak_bytes()`."""
+
+    def __init__(self) -> None:
+        self.resettable = self._clear()
+        self.source = "process peak RSS (VmHWM, reset per phase)" if self.resettable else "process peak RSS since start (ru_maxrss)"
+
+    @staticmethod
+    def _clear() -> bool:
+        try:
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")  # Linux >= 4.0: "5" resets the peak RSS (VmHWM) to the current RSS
+            return True
+        except OSError:
+            return False
+
+    def reset(self) -> None:
+        if self.resettable:
+            self._clear()
+
+    def peak_bytes(self) -> int:
+        hwm = self._vm_hwm_bytes() if self.resettable else None
+        return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+    @staticmethod
+    def _vm_hwm_bytes() -> int | None:
+        try:
+            with open("/proc/self/status") as handle:
+                for line in handle:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+
+
+class PhaseProfiler:
+    """`with prof.phase("update"): ...` records wall time and peak memory into the current step.
+
+    `device`: "cpu" or "cuda[:i]". `cpu_memory`: "tensors" (dispatch tracker + RSS) or "rss".
+    Call `start()` once before the loop (installs the CPU tracker), `close()` at the end.
+    """
+
+    def __init__(self, device: str, *, cpu_memory: str = "tensors") -> None:
+        self.device = device
+        self.is_cuda = device.startswith("cuda")
+        self._tracker: Any = None
+        self._rss = None if self.is_cuda else _Rss()
+        self._want_tensors = cpu_memory == "tensors" and not self.is_cuda
+        self.current: dict[str, PhaseSample] = {}
+        self.active: str | None = None  # the phase running now (for error messages)
+        if self.is_cuda:
+            self.memory_source = "torch.cuda.max_memory_allocated (reset per phase)"
+        elif self._want_tensors:
+            self.memory_source = "live tensor bytes (TorchDispatchMode tracker)"
+        else:
+            self.memory_source = self._rss.source if self._rss else ""
+        self.rss_source = self._rss.source if self._rss else None
+
+    def start(self) -> None:
+        if self._want_tensors and self._tracker is None:
+            self._tracker = _tensor_tracker_class()()
+            self._tracker.track_existing()
+            self._tracker.__enter__()
+
+    def close(self) -> None:
+        if self._tracker is not None:
+            self._tracker.__exit__(None, None, None)
+            self._tracker = None
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Run code outside the tensor tracker (e.g. an engine that compiles graphs); its tensors are not seen."""
+        tracker = self._tracker
+        if tracker is None:
+            yield
+            return
+        tracker.__exit__(None, None, None)
+        try:
+            yield
+        finally:
+            tracker.__enter__()
+
+    def begin_step(self) -> None:
+        self.current = {}
+
+    def end_step(self) -> dict[str, PhaseSample]:
+        done, self.current = self.current, {}
+        return done
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        import torch
+
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self._tracker is not None:
+            self._tracker.reset_peak()
+        if self._rss is not None:
+            self._rss.reset()
+        t0 = time.perf_counter()
+        self.active = name
+        try:
+            yield
+            self.active = None
+        finally:
+            if self.is_cuda:
+                torch.cuda.synchronize(self.device)
+            wall = time.perf_counter() - t0
+            peak: int | None = None
+            if self.is_cuda:
+                peak = int(torch.cuda.max_memory_allocated(self.device))
+            elif self._tracker is not None:
+                peak = int(self._tracker.peak_bytes)
+            rss = self._rss.peak_bytes() if self._rss is not None else None
+            self._record(name, PhaseSample(wall_s=wall, peak_bytes=peak, rss_peak_bytes=rss))
+
+    def _record(self, name: str, sample: PhaseSample) -> None:
+        old = self.current.get(name)
+        if old is None:
+            self.current[name] = sample
+            return
+
+        def top(a: int | None, b: int | None) -> int | None:
+            return b if a is None else a if b is None else max(a, b)
+
+        self.current[name] = PhaseSample(
+            wall_s=old.wall_s + sample.wall_s,
+            peak_bytes=top(old.peak_bytes, sample.peak_bytes),
+            rss_peak_bytes=top(old.rss_peak_bytes, sample.rss_peak_bytes),
+        )
+
+
+def write_profile_json(path: str | Path, profile: Frozen) -> Path:
+    from grpo_pilot.atomic import atomic_write_text
+
+    return atomic_write_text(path, profile.model_dump_json(indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------
+# profile.json: measured (medians of later steps) beside the plan's prediction
+
+
+class PhaseComparison(Frozen):
+    """One phase: measured vs predicted. Relative error = measured / predicted − 1 (None when either is missing)."""
+
+    measured_wall_s: float | None = None
+    predicted_wall_s: float | None = None
+    time_rel_error: float | None = None
+    measured_peak_bytes: int | None = None
+    predicted_tensor_bytes: int | None = None
+    predicted_total_bytes: int | None = None
+    memory_rel_error: float | None = None
+    measured_rss_peak_bytes: int | None = None
+    rss_rel_error: float | None = Field(default=None, description="Process peak RSS vs the plan's phase total (which carries the process overhead item).")
+
+
+class RunProfile(Frozen):
+    """The content of profile.json."""
+
+    schema_version: int = 1
+    device: str
+    memory_source: str = Field(description="Where measured_peak_bytes comes from (compared with the plan's tensor items).")
+    rss_source: str | None = Field(default=None, description="Where measured_rss_peak_bytes comes from (CPU only).")
+    steps_run: int = Field(ge=0, description="Steps this process executed.")
+    steps_measured: tuple[int, ...] = Field(description="Steps whose samples enter the medians (the first step of a process is warm-up).")
+    phases: dict[str, PhaseComparison]
+    step: PhaseComparison = Field(description="Whole step: wall time vs plan.predicted_step_s.")
+    measured_tokens_per_s: float | None = None
+    predicted_tokens_per_s: float | None = None
+    mean_response_tokens: float | None = Field(default=None, description="Measured; the plan assumes response_len_tokens for every response.")
+    plan_response_len_tokens: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def _rel(measured: float | None, predicted: float | None) -> float | None:
+    if measured is None or predicted is None or predicted <= 0:
+        return None
+    return measured / predicted - 1.0
+
+
+def build_profile(
+    plan: Any,
+    steps: list[tuple[int, dict[str, PhaseSample], float, float]],
+    *,
+    device: str,
+    memory_source: str,
+    rss_source: str | None = None,
+    mean_response_tokens: float | None = None,
+    notes: tuple[str, ...] = (),
+) -> RunProfile:
+    """Pure: `steps` = [(step, phase samples, step wall s, trained tokens)] of this process, in order.
+
+    Times are medians over every step but the first (warm-up: allocator growth, lazy init, first
+    optimizer state); with a single step that step is used. Peaks are maxima over the same steps.
+    Predicted bytes are the plan's phase items without `overhead_*` (tensor bytes, what the trackers see).
+    """
+    from grpo_pilot.planner.reports import OVERHEAD_PREFIX
+
+    measured = steps[1:] if len(steps) > 1 else steps
+    phases: dict[str, PhaseComparison] = {}
+    for name in RUN_PHASES:
+        samples = [s[1][name] for s in measured if name in s[1]]
+        wall = _median([x.wall_s for x in samples])
+        peaks = [x.peak_bytes for x in samples if x.peak_bytes is not None]
+        rss = [x.rss_peak_bytes for x in samples if x.rss_peak_bytes is not None]
+        mem = plan.phases.get(name)
+        pred_tensor = sum(v for k, v in mem.items.items() if not k.startswith(OVERHEAD_PREFIX)) if mem is not None else None
+        pred_wall = plan.phase_times_s.get(name)
+        peak = max(peaks) if peaks else None
+        phases[name] = PhaseComparison(
+            measured_wall_s=wall,
+            predicted_wall_s=pred_wall,
+            time_rel_error=_rel(wall, pred_wall),
+            measured_peak_bytes=peak,
+            predicted_tensor_bytes=pred_tensor,
+            predicted_total_bytes=mem.total_bytes if mem is not None else None,
+            memory_rel_error=_rel(peak, pred_tensor),
+            measured_rss_peak_bytes=max(rss) if rss else None,
+            rss_rel_error=_rel(max(rss) if rss else None, mem.total_bytes if mem is not None else None),
+        )
+    step_wall = _median([s[2] for s in measured])
+    tps = _median([s[3] / s[2] for s in measured if s[2] > 0])
+    return RunProfile(
+        device=device,
+        memory_source=memory_source,
+        rss_source=rss_source,
+        steps_run=len(steps),
+        steps_measured=tuple(s[0] for s in measured),
+        phases=phases,
+        step=PhaseComparison(measured_wall_s=step_wall, predicted_wall_s=plan.predicted_step_s, time_rel_error=_rel(step_wall, plan.predicted_step_s)),
+        measured_tokens_per_s=tps,
+        predicted_tokens_per_s=plan.tokens_per_s,
+        mean_response_tokens=mean_response_tokens,
+        plan_response_len_tokens=plan.workload.response_len_tokens,
+        notes=notes,
+    )

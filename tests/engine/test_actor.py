@@ -1,0 +1,183 @@
+"""Actor: token-budget packing, packed log-probs, exact gradient accumulation, fused path, reference model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grpo_pilot.engine.actor import Actor, LossSettings, Sample, pad_rows, plan_micro_batches
+from grpo_pilot.engine.model_factory import build_model
+from grpo_pilot.planner.config import Knobs
+
+torch.set_num_threads(1)
+TINY = "examples/tiny"
+
+
+def make_samples(seed: int = 0, num: int = 12) -> list[Sample]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(num):
+        p = int(torch.randint(1, 9, (1,), generator=g))
+        r = int(torch.randint(1, 11, (1,), generator=g))
+        ids = torch.randint(3, 100, (p + r,), generator=g).tolist()
+        out.append(Sample(tuple(ids[:p]), tuple(ids[p:])))
+    return out
+
+
+def make_actor(knobs: Knobs, *, with_ref: bool = False, seed: int = 0) -> Actor:
+    return Actor(build_model(TINY, seed=seed), device=torch.device("cpu"), knobs=knobs, lr=1e-3, max_grad_norm=1e9, with_ref=with_ref)
+
+
+def reference_logprobs(model: torch.nn.Module, s: Sample) -> torch.Tensor:
+    """Unpacked, one sequence at a time: log_softmax(logits[t-1])[token t] over the response."""
+    ids = torch.tensor([s.prompt_ids + s.response_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    p = len(s.prompt_ids)
+    lsm = torch.log_softmax(logits[p - 1 : -1], dim=-1)
+    return lsm.gather(-1, torch.tensor(s.response_ids)[:, None])[:, 0]
+
+
+def test_plan_micro_batches_token_budget_covers_every_index_once_within_budget():
+    lengths = [7, 3, 9, 1, 4, 4, 8, 2, 6]
+    bins = plan_micro_batches(lengths, max_tokens=10)
+    flat = sorted(i for b in bins for i in b)
+    assert flat == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= 10 for b in bins)
+    # first-fit decreasing packs 44 tokens into 5 bins of 10 (lower bound ceil(44/10) = 5)
+    assert len(bins) == 5
+    with pytest.raises(ValueError, match="exceeds"):
+        plan_micro_batches([11], max_tokens=10)
+
+
+def test_plan_micro_batches_fixed_size_keeps_order():
+    assert plan_micro_batches([5] * 7, max_seqs=3) == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_pad_rows():
+    out = pad_rows([torch.tensor([1.0, 2.0]), torch.tensor([3.0])], 3)
+    assert out.tolist() == [[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_packed_logprobs_equal_one_sequence_at_a_time(fused):
+    actor = make_actor(Knobs(max_token_len_per_gpu=40, log_prob_max_token_len_per_gpu=40, fused_logprob=fused, gradient_checkpointing=False))
+    samples = make_samples()
+    got = actor.log_probs(samples)
+    for s, lp in zip(samples, got):
+        assert lp.shape == (len(s.response_ids),)
+        torch.testing.assert_close(lp, reference_logprobs(actor.policy, s), atol=2e-5, rtol=0)
+
+
+def _update_once(knobs: Knobs, samples, adv, loss, **kw):
+    """One update; returns (actor, the accumulated gradients seen by the optimizer, metrics)."""
+    actor = make_actor(knobs, **kw)
+    grads: dict[str, torch.Tensor] = {}
+    step = actor.optimizer.step
+
+    def capture(*args, **kwargs):
+        grads.update({n: p.grad.clone() for n, p in actor.policy.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
+
+    actor.optimizer.step = capture
+    metrics = actor.update(samples, adv, loss)
+    return actor, grads, metrics
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_gradient_accumulation_is_exact_across_micro_batch_layouts(mode):
+    samples = make_samples(1)
+    adv = torch.linspace(-1.5, 2.0, len(samples))
+    loss = LossSettings(loss_agg_mode=mode, loss_scale_len=10)
+    one = dict(log_prob_max_token_len_per_gpu=4096, gradient_checkpointing=False)
+    _, g_whole, m_whole = _update_once(Knobs(max_token_len_per_gpu=4096, **one), samples, adv, loss)
+    _, g_budget, m_budget = _update_once(Knobs(max_token_len_per_gpu=20, **one), samples, adv, loss)
+    _, g_fixed, m_fixed = _update_once(Knobs(micro_batch_size_per_gpu=2, **one), samples, adv, loss)
+    assert m_whole["num_micro_batches"] == 1 and m_budget["num_micro_batches"] > 3 and m_fixed["num_micro_batches"] == 6
+    for m in (m_budget, m_fixed):
+        assert m["grad_norm"] == pytest.approx(m_whole["grad_norm"], rel=1e-4)
+        assert m["loss"] == pytest.approx(m_whole["loss"], abs=1e-6)
+    assert set(g_whole) == set(g_budget) == set(g_fixed) and g_whole
+    for name, g in g_whole.items():
+        torch.testing.assert_close(g_budget[name], g, atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(g_fixed[name], g, atol=1e-6, rtol=1e-4)
+
+
+def test_on_policy_loss_value_is_minus_mean_advantage_and_weights_move():
+    samples = make_samples(2)
+    adv = torch.linspace(-1.0, 1.0, len(samples))  # token-mean of adv != 0 because lengths differ
+    actor = make_actor(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False))
+    before = copy.deepcopy(actor.policy.state_dict())
+    m = actor.update(samples, adv, LossSettings())
+    lens = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
+    expected = -(adv * lens).sum() / lens.sum()  # ratio == 1: loss = -token-mean(advantage)
+    assert m["pg_loss"] == pytest.approx(float(expected), abs=1e-6)
+    assert m["grad_norm"] > 0
+    moved = sum(float((p.detach() - before[n]).abs().sum()) for n, p in actor.policy.named_parameters())
+    assert moved > 0
+
+
+def test_fused_and_checkpointed_updates_match_plain():
+    samples = make_samples(3)
+    adv = torch.linspace(-1.0, 1.0, len(samples))
+    loss = LossSettings(loss_agg_mode="seq-mean-token-mean")
+    _, _, plain = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, loss)
+    _, _, fused = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False, fused_logprob=True), samples, adv, loss)
+    _, _, ckpt = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=True), samples, adv, loss)
+    for m in (fused, ckpt):
+        assert m["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
+        assert m["entropy"] == pytest.approx(plain["entropy"], rel=1e-4)
+
+
+def test_reference_model_is_frozen_initial_policy_and_kl_appears_after_an_update():
+    samples = make_samples(4)
+    actor = make_actor(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), with_ref=True)
+    ref0 = actor.log_probs(samples, ref=True)
+    pol0 = actor.log_probs(samples)
+    for r, p in zip(ref0, pol0):
+        torch.testing.assert_close(r, p)
+    adv = torch.linspace(-1.0, 1.0, len(samples))
+    m = actor.update(samples, adv, LossSettings(kl_coef=0.1), ref_logprobs=ref0)
+    assert m["kl"] == pytest.approx(0.0, abs=1e-7)  # first step: policy == reference
+    ref1 = actor.log_probs(samples, ref=True)
+    pol1 = actor.log_probs(samples)
+    for r0, r1 in zip(ref0, ref1):
+        torch.testing.assert_close(r0, r1)  # the reference never moves
+    assert max(float((a - b).abs().max()) for a, b in zip(pol1, ref1)) > 1e-4
+    m2 = actor.update(samples, adv, LossSettings(kl_coef=0.1), ref_logprobs=ref1)
+    assert m2["kl"] > 0
+
+
+def test_truncated_samples_get_no_gradient_with_mask_truncated():
+    samples = [Sample(s.prompt_ids, s.response_ids, truncated=True) for s in make_samples(5)]
+    adv = torch.linspace(-1.0, 1.0, len(samples))
+    _, _, masked = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, LossSettings(mask_truncated=True))
+    _, _, kept = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, LossSettings(mask_truncated=False))
+    assert masked["grad_norm"] == 0.0 and masked["num_tokens"] == 0
+    assert kept["grad_norm"] > 0
+
+
+def test_off_policy_old_logprobs_give_ratio_away_from_one():
+    samples = make_samples(6)
+    actor = make_actor(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False))
+    old = [lp - 0.5 for lp in actor.log_probs(samples)]  # pretend the behaviour policy was less likely
+    m = actor.update(samples, torch.ones(len(samples)), LossSettings(clip_high=0.2, clip_c=None), old_logprobs=old)
+    assert m["ratio_mean"] == pytest.approx(float(torch.exp(torch.tensor(0.5))), rel=1e-4)
+    assert m["clipfrac"] == pytest.approx(1.0)  # every ratio 1.65 > 1.2 with positive advantage: clipped
+    assert m["grad_norm"] == 0.0  # clipped branch has no gradient
+
+
+def test_state_dict_roundtrip_restores_policy_and_optimizer():
+    samples = make_samples(7)
+    a = make_actor(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False))
+    a.update(samples, torch.linspace(-1, 1, len(samples)), LossSettings())
+    state = copy.deepcopy(a.state_dict())
+    b = make_actor(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), seed=9)
+    b.load_state_dict(state["model"], state["optimizer"])
+    adv = torch.linspace(1, -1, len(samples))
+    ma, mb = a.update(samples, adv, LossSettings()), b.update(samples, adv, LossSettings())
+    assert ma["grad_norm"] == pytest.approx(mb["grad_norm"], rel=1e-6)
+    for (n, p), q in zip(a.policy.named_parameters(), b.policy.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)

@@ -1,0 +1,65 @@
+"""Checkpoints: atomic layout, pruning, config-hash guard, RNG round trip."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_pilot.engine.checkpoint import capture_rng, latest_checkpoint, list_checkpoints, load_checkpoint, restore_rng, save_checkpoint
+from grpo_pilot.errors import InputError, RunError
+
+
+def _save(tmp_path, step, **kw):
+    model = {"w": torch.full((3,), float(step))}
+    return save_checkpoint(tmp_path, step=step, model_state=model, optimizer_state={"state": {}, "param_groups": []},
+                           state={"config_hash": "abc", "sampler": {"epoch": 0, "position": step}, "metrics_bytes": 10 * step}, **kw)
+
+
+def test_save_load_roundtrip_and_pruning(tmp_path):
+    for step in (2, 4, 6):
+        _save(tmp_path, step, keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [4, 6]
+    ckpt = latest_checkpoint(tmp_path, config_hash="abc")
+    assert ckpt is not None and ckpt.step == 6
+    assert torch.equal(ckpt.model["w"], torch.full((3,), 6.0))
+    assert ckpt.state["sampler"]["position"] == 6 and ckpt.state["metrics_bytes"] == 60
+
+
+def test_leftover_temp_dir_is_ignored_and_cleaned(tmp_path):
+    _save(tmp_path, 2)
+    partial = tmp_path / "checkpoints" / ".tmp-step-000004-999"
+    partial.mkdir()
+    (partial / "model.pt").write_bytes(b"half")  # what a kill -9 during a save leaves behind
+    assert latest_checkpoint(tmp_path, config_hash="abc").step == 2
+    _save(tmp_path, 4)
+    assert not partial.exists()
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 4]
+
+
+def test_other_config_hash_is_refused(tmp_path):
+    _save(tmp_path, 2)
+    with pytest.raises(InputError, match="different plan or run config"):
+        latest_checkpoint(tmp_path, config_hash="zzz")
+
+
+def test_no_checkpoint_gives_none(tmp_path):
+    assert latest_checkpoint(tmp_path, config_hash="abc") is None
+
+
+def test_damaged_checkpoint_is_a_run_error(tmp_path):
+    path = _save(tmp_path, 2)
+    (path / "model.pt").write_bytes(b"not a torch file")
+    with pytest.raises(RunError, match="cannot be read"):
+        load_checkpoint(path)
+
+
+def test_rng_roundtrip_reproduces_every_generator():
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    saved = capture_rng()
+    first = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    restore_rng(saved)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == first

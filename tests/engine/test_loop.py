@@ -1,0 +1,133 @@
+"""The step loop end to end on the tiny CPU example: metrics, profile.json, mini-batches/epochs/KL, DAPO refill, input checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grpo_pilot.engine.loop import run, sampling_seed
+from grpo_pilot.engine.run_config import RunConfig
+from grpo_pilot.errors import InputError
+from grpo_pilot.planner.plan import load_plan
+
+torch.set_num_threads(1)
+PLAN = "examples/tiny/plan.json"
+PROMPTS = "examples/tiny/prompts.jsonl"
+
+
+def tiny_plan(**workload):
+    plan = load_plan(PLAN)
+    return plan.model_copy(update={"workload": plan.workload.model_copy(update=workload)}) if workload else plan
+
+
+def config(tmp_path, **kw) -> RunConfig:
+    base = dict(dataset=PROMPTS, reward="char_fraction:char=a", steps=3, lr=2e-3, output_dir=str(tmp_path / "run"), threads=1, cpu_memory="rss")
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def read_metrics(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_run_writes_metrics_profile_and_final_checkpoint(tmp_path):
+    result = run(tiny_plan(), config(tmp_path, cpu_memory="tensors", loss_agg_mode="seq-mean-token-mean"), quiet=True)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3] and result.last_step == 3
+    plan = load_plan(PLAN)
+    for r in rows:
+        assert len(r["prompt_indices"]) == plan.workload.prompts_per_step
+        assert r["num_groups"] == plan.workload.prompts_per_step and r["num_updates"] == 1
+        assert 0.0 <= r["reward_mean"] <= 1.0 and r["response_len_max"] <= plan.workload.response_len_tokens
+        assert set(r["phase_s"]) == {"weight_sync", "rollout", "reward", "log_prob", "update"}
+        assert r["trained_tokens"] > 0 and r["tokens_per_s"] > 0
+        assert r["pg_loss"] == pytest.approx(0.0, abs=1e-5)  # on-policy, seq-mean of group-normalised advantages
+        assert r["phase_peak_bytes"]["update"] > r["phase_peak_bytes"]["weight_sync"] > 0
+    profile = json.loads((tmp_path / "run" / "profile.json").read_text())
+    assert profile["steps_measured"] == [2, 3] and "tensor" in profile["memory_source"]
+    for phase in ("rollout", "log_prob", "update", "weight_sync"):
+        row = profile["phases"][phase]
+        assert row["predicted_wall_s"] == plan.phase_times_s[phase]
+        assert row["predicted_total_bytes"] == plan.phases[phase].total_bytes
+        assert row["measured_wall_s"] is not None and row["measured_peak_bytes"] > 0
+    upd = profile["phases"]["update"]
+    assert upd["memory_rel_error"] == pytest.approx(upd["measured_peak_bytes"] / upd["predicted_tensor_bytes"] - 1)
+    assert (tmp_path / "run" / "checkpoints" / "step-000003" / "model.pt").exists()
+
+
+def test_minibatches_epochs_and_kl_use_old_and_reference_logprobs(tmp_path):
+    plan = tiny_plan(use_kl_loss=True, mini_batch_prompts=4, ppo_epochs=2)
+    run(plan, config(tmp_path, steps=2), quiet=True)
+    rows = read_metrics(tmp_path)
+    for r in rows:
+        assert r["num_updates"] == 4  # 2 mini-batches x 2 epochs
+        assert r["kl"] is not None and r["kl_loss"] is not None
+        assert r["phase_s"]["log_prob"] > 0
+    # the first optimizer step of step 1 is on-policy against the reference: later ones are not
+    assert rows[1]["kl"] > 0 and rows[0]["ratio_mean"] != 1.0
+
+
+def test_dapo_dynamic_sampling_drops_and_refills_groups(tmp_path):
+    fn = tmp_path / "reward_fn.py"
+    # prompts of even length always score 0.5 (zero-variance group: dropped); odd ones score the 'a' fraction
+    fn.write_text("def score(completion, record):\n"
+                  "    if len(record.prompt) % 2 == 0:\n        return 0.5\n"
+                  "    return completion.count('a') / max(1, len(completion))\n")
+    run(tiny_plan(), config(tmp_path, steps=2, reward=f"{fn}:score", dynamic_sampling=True, max_refill_rounds=3), quiet=True)
+    per_step = load_plan(PLAN).workload.prompts_per_step
+    for r in read_metrics(tmp_path):
+        assert r["dropped_groups"] > 0 and r["rollout_rounds"] > 1
+        assert len(r["prompt_indices"]) == r["rollout_rounds"] * per_step
+        assert r["num_groups"] <= per_step
+
+
+def test_every_group_dropped_skips_the_update(tmp_path):
+    run(tiny_plan(), config(tmp_path, steps=1, reward="format:pattern=^NEVER$", dynamic_sampling=True, max_refill_rounds=1), quiet=True)
+    (r,) = read_metrics(tmp_path)
+    assert r["num_groups"] == 0 and r["num_updates"] == 0 and r["rollout_rounds"] == 2 and r["dropped_groups"] == 16
+
+
+def test_sampling_seed_differs_per_step_and_round():
+    seeds = {sampling_seed(0, s, k) for s in range(1, 50) for k in range(4)}
+    assert len(seeds) == 49 * 4
+
+
+@pytest.mark.parametrize(
+    ("workload", "settings", "match"),
+    [
+        ({}, {"max_new_tokens": 64}, "exceeds the plan's response_len_tokens"),
+        ({}, {"kl_coef": 0.01}, "needs a reference model"),
+        ({"prompt_len_tokens": 4}, {}, r"prompts.jsonl:\d+: the prompt has \d+ tokens"),
+        ({}, {"mini_batch_prompts": 99}, "exceeds the plan's prompts_per_step"),
+    ],
+)
+def test_bad_settings_stop_before_training(tmp_path, workload, settings, match):
+    with pytest.raises(InputError, match=match):
+        run(tiny_plan(**workload), config(tmp_path, **settings), quiet=True)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_existing_run_needs_resume(tmp_path):
+    run(tiny_plan(), config(tmp_path, steps=1), quiet=True)
+    with pytest.raises(InputError, match="already holds a run"):
+        run(tiny_plan(), config(tmp_path, steps=2), quiet=True)
+    res = run(tiny_plan(), config(tmp_path, steps=2, resume=True), quiet=True)
+    assert (res.start_step, res.last_step) == (1, 2)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    with pytest.raises(InputError, match="different plan or run config"):
+        run(tiny_plan(), config(tmp_path, steps=3, resume=True, lr=1e-2), quiet=True)
+
+
+@pytest.mark.vllm
+def test_vllm_backend_runs_steps_and_counts_its_kv_cache(tmp_path):
+    pytest.importorskip("vllm")
+    run(tiny_plan(), config(tmp_path, steps=2, rollout_backend="vllm", cpu_memory="tensors"), quiet=True)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["reward_mean"] <= 1.0 and r["phase_s"]["weight_sync"] > 0 for r in rows)
+    profile = json.loads((tmp_path / "run" / "profile.json").read_text())
+    # vLLM-CPU preallocates its KV cache (VLLM_CPU_KVCACHE_SPACE, >= 1 GiB): the tracker must see it
+    assert profile["phases"]["rollout"]["measured_peak_bytes"] >= 1 << 30
+    assert any("not the plan's 'hf'" in note for note in profile["notes"])

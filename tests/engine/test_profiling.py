@@ -1,0 +1,69 @@
+"""Profiling: per-phase tensor tracker, RSS, accumulation over repeated phases, profile.json building."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grpo_pilot.engine.profiling import PhaseProfiler, PhaseSample, build_profile, write_profile_json
+from grpo_pilot.planner.plan import load_plan
+
+MIB = 1 << 20
+
+
+def test_tensor_tracker_sees_phase_peak_including_tensors_alive_before():
+    resident = torch.zeros(2 * MIB // 4)  # 2 MiB alive before the tracker starts
+    prof = PhaseProfiler("cpu", cpu_memory="tensors")
+    prof.start()
+    try:
+        prof.begin_step()
+        with prof.phase("update"):
+            tmp = torch.ones(4 * MIB // 4)  # 4 MiB transient
+            del tmp
+        with prof.phase("log_prob"):
+            small = torch.ones(MIB // 4)
+        samples = prof.end_step()
+    finally:
+        prof.close()
+    assert resident.numel() > 0 and small.numel() > 0
+    base_update = samples["update"].peak_bytes
+    assert base_update >= 6 * MIB  # resident + transient
+    # the 4 MiB transient was freed before log_prob: its peak is resident + 1 MiB, 4 MiB lower
+    assert base_update - samples["log_prob"].peak_bytes == pytest.approx(3 * MIB, abs=64 * 1024)
+    assert samples["update"].rss_peak_bytes > 0
+    assert "tensor" in prof.memory_source
+
+
+def test_repeated_phase_sums_time_and_keeps_largest_peak():
+    prof = PhaseProfiler("cpu", cpu_memory="rss")
+    prof.begin_step()
+    prof._record("rollout", PhaseSample(wall_s=1.0, peak_bytes=5, rss_peak_bytes=7))
+    prof._record("rollout", PhaseSample(wall_s=0.5, peak_bytes=9, rss_peak_bytes=3))
+    got = prof.end_step()["rollout"]
+    assert (got.wall_s, got.peak_bytes, got.rss_peak_bytes) == (1.5, 9, 7)
+    assert "RSS" in prof.memory_source
+
+
+def test_build_profile_medians_skip_warmup_and_compare_with_plan(tmp_path):
+    plan = load_plan("examples/tiny/plan.json")
+    def step(i, update_s, peak):
+        phases = {"update": PhaseSample(wall_s=update_s, peak_bytes=peak), "reward": PhaseSample(wall_s=0.01)}
+        return (i, phases, update_s * 2, 1000.0)
+    steps = [step(1, 9.0, 10**9), step(2, 0.1, 100), step(3, 0.3, 300), step(4, 0.2, 200)]
+    prof = build_profile(plan, steps, device="cpu", memory_source="live tensor bytes")
+    up = prof.phases["update"]
+    assert prof.steps_measured == (2, 3, 4) and prof.steps_run == 4
+    assert up.measured_wall_s == pytest.approx(0.2)  # warm-up step 1 (9 s) left out
+    assert up.measured_peak_bytes == 300
+    tensor_items = sum(v for k, v in plan.phases["update"].items.items() if not k.startswith("overhead_"))
+    assert up.predicted_tensor_bytes == tensor_items and up.predicted_total_bytes == plan.phases["update"].total_bytes
+    assert up.memory_rel_error == pytest.approx(300 / tensor_items - 1)
+    assert up.time_rel_error == pytest.approx(0.2 / plan.phase_times_s["update"] - 1)
+    assert prof.phases["reward"].predicted_wall_s is None and prof.phases["reward"].time_rel_error is None
+    assert prof.step.measured_wall_s == pytest.approx(0.4)
+    assert prof.measured_tokens_per_s == pytest.approx(1000.0 / 0.4)
+    path = write_profile_json(tmp_path / "profile.json", prof)
+    data = json.loads(path.read_text())
+    assert set(data["phases"]) == {"weight_sync", "rollout", "reward", "log_prob", "update"}

@@ -1,0 +1,86 @@
+"""`grpo-run` CLI: bad inputs give one paragraph on stderr and exit 2 (never a traceback); a good run prints the summary."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from typer.testing import CliRunner
+
+from grpo_pilot.cli_run import app
+
+torch.set_num_threads(1)
+PLAN = "examples/tiny/plan.json"
+GOOD = ["--dataset", "examples/tiny/prompts.jsonl", "--reward", "char_fraction:char=a", "--set", "threads=1", "--set", "cpu_memory=rss"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_input_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert isinstance(result.exception, SystemExit)
+    err = result.stderr
+    assert err.startswith("error: ") and "Traceback" not in result.output
+    assert err.strip().count("\n") == 0  # one paragraph
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_missing_plan(tmp_path):
+    assert_input_error(invoke(str(tmp_path / "nope.json"), *GOOD), "No plan file", "grpo-plan")
+
+
+def test_corrupt_plan(tmp_path):
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"schema_version": 1, "knobs": ')
+    assert_input_error(invoke(str(bad), *GOOD), "not valid JSON")
+
+
+def test_damaged_plan_field(tmp_path):
+    raw = json.loads(open(PLAN).read())
+    raw["workload"]["n"] = 0
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps(raw))
+    assert_input_error(invoke(str(bad), *GOOD), "damaged plan", "workload.n")
+
+
+def test_bad_dataset_line_names_the_line(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "say a: "}\n{"prompt": "ok"}\n{"prompt": \n')
+    assert_input_error(invoke(PLAN, *GOOD, "--dataset", str(data), "--out", str(tmp_path / "run")), ":3")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_bad_reward_spec(tmp_path):
+    result = invoke(PLAN, *GOOD, "--reward", "no_such_reward", "--out", str(tmp_path / "run"))
+    assert_input_error(result, "no_such_reward")
+
+
+def test_missing_reward_setting(tmp_path):
+    assert_input_error(invoke(PLAN, "--dataset", "examples/tiny/prompts.jsonl", "--out", str(tmp_path / "run")), "does not set 'reward'")
+
+
+def test_unknown_set_key_and_bad_value(tmp_path):
+    assert_input_error(invoke(PLAN, *GOOD, "--set", "warp_speed=9"), "Unknown setting 'warp_speed'")
+    assert_input_error(invoke(PLAN, *GOOD, "--set", "loss_agg_mode=mean"), "loss_agg_mode")
+
+
+def test_bad_run_config_file(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("steps = = 3\n")
+    assert_input_error(invoke(PLAN, "--config", str(cfg)), "not valid TOML")
+    cfg.write_text('stepz = 3\nreward = "char_fraction:char=a"\ndataset = "x"\n')
+    assert_input_error(invoke(PLAN, "--config", str(cfg)), "Unknown setting 'stepz'")
+
+
+def test_good_run_prints_measured_vs_predicted(tmp_path):
+    result = invoke(PLAN, "--config", "examples/tiny/run.toml", "--steps", "2", "--out", str(tmp_path / "run"), "--set", "cpu_memory=rss")
+    assert result.exit_code == 0, result.output
+    for word in ("rollout", "log_prob", "update", "weight_sync", "predicted", "profile.json"):
+        assert word in result.stdout
+    profile = json.loads((tmp_path / "run" / "profile.json").read_text())
+    assert profile["steps_run"] == 2
+    saved = json.loads((tmp_path / "run" / "run_config.json").read_text())
+    assert saved["steps"] == 2 and saved["lr"] == 2e-3  # flag beat the file; the file gave lr
