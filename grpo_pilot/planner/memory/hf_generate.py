@@ -1,0 +1,36 @@
+"""Rollout with transformers `generate` on the policy itself (rollout_backend = "hf").
+
+No second copy of the weights and no vLLM budget: the policy generates for a batch of
+B = min(max_num_seqs, responses this rank owns per step) sequences. Per GPU:
+- KV cache of the batch: B × (prompt + response) × 2·L·kv_dim·c (HF DynamicCache, no paging);
+- prefill working set: B × prompt tokens through one layer at a time (forward only, nothing saved),
+  per token as in `vllm_budget.forward_bytes_per_token` with t = 1;
+- sampling: generate keeps only the last position's logits (logits_to_keep = 1) and upcasts them to
+  fp32 before softmax: B × V × (c + 4 + 4) bytes (logits, fp32 copy, probabilities).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+FP32 = 4
+
+
+class HfGenerate(NamedTuple):
+    batch_seqs: int
+    kv_cache_bytes: int
+    kv_cache_tokens: int
+    prefill_bytes: int
+    sampling_bytes: int
+
+
+def hf_generate_memory(batch_seqs: int, prompt_tokens: int, response_tokens: int, kv_bytes_per_token: int, prefill_bytes_per_token: int, vocab: int, compute_bytes: int) -> HfGenerate:
+    """Memory of one HF `generate` call over `batch_seqs` sequences on one GPU."""
+    tokens = batch_seqs * (prompt_tokens + response_tokens)
+    return HfGenerate(
+        batch_seqs=batch_seqs,
+        kv_cache_bytes=tokens * kv_bytes_per_token,
+        kv_cache_tokens=tokens,
+        prefill_bytes=batch_seqs * prompt_tokens * prefill_bytes_per_token,
+        sampling_bytes=batch_seqs * vocab * (compute_bytes + 2 * FP32),
+    )

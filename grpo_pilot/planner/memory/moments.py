@@ -1,0 +1,74 @@
+"""Which transient tensors are live together: the peak moments of the update and log-prob passes.
+
+A phase's transients do not all coexist; summing them over-counts (the traced method showed the
+lm_head/logits moment has no decoder layer gathered and no layer gradients). The update step's peak
+is the largest of four moments (traced with the FSDP2 memory tracker, planner/traced.py):
+
+  logits    end of forward / loss backward: root params gathered, saved activations, the logits
+            temporaries (and Ulysses buffers).
+  layer     backward of the last decoder layer: root params gathered, saved activations, the layer
+            being recomputed (checkpointing), two gathered layers (the unsharded one and the
+            prefetch all-gather buffer), the gradients flowing through the layer (c·(3I + h)·T), the
+            lm_head gradient held until the root's reduce-scatter (c·P_head, or c·P_embed when tied)
+            and the previous layer's fp32 reduce-scatter input (4·P_layer).
+  root      the root's post-backward reduce-scatter: bf16 gradients of embeddings + lm_head
+            (c·(E + H)) and their fp32 reduce-scatter input (4·(E + H)) — the layers' reduce-scatters
+            have completed;
+            the root params stay gathered only when the embeddings are tied (untied: resharded).
+  optimizer the AdamW step's temporaries (everything above is freed by then).
+
+Every moment returns the same item names (absent ones are 0), so a report always carries the full
+set; the items of the winning moment are the ones that are live at the phase's peak.
+"""
+
+from __future__ import annotations
+
+UPDATE_ITEMS = (
+    "root_embed_lm_head", "gathered_layers", "activations", "recompute_activations", "logits",
+    "layer_backward_temporaries", "unsharded_grads", "root_reduce_scatter", "ulysses_all_to_all",
+    "optimizer_step_temporaries",
+)
+LOG_PROB_ITEMS = ("root_embed_lm_head", "gathered_layers", "activations", "logits", "ulysses_all_to_all")
+
+
+def _largest(moments: list[dict[str, int]], names: tuple[str, ...]) -> dict[str, int]:
+    best = max(moments, key=lambda m: sum(m.values()))
+    return {name: best.get(name, 0) for name in names}
+
+
+def update_peak_items(
+    *,
+    root_gathered: int,
+    root_tied: bool,
+    gathered_layers: int,
+    saved_activations: int,
+    recompute_activations: int,
+    logits: int,
+    layer_backward_temporaries: int,
+    head_grad: int,
+    root_grads: int,
+    root_reduce_scatter: int,
+    layer_reduce_scatter: int,
+    all_to_all: int,
+    optimizer_step: int,
+) -> dict[str, int]:
+    """Working-set items at the update's peak moment (see module docstring)."""
+    logits_moment = {"root_embed_lm_head": root_gathered, "activations": saved_activations, "logits": logits, "ulysses_all_to_all": all_to_all}
+    layer_moment = {
+        "root_embed_lm_head": root_gathered, "gathered_layers": gathered_layers, "activations": saved_activations,
+        "recompute_activations": recompute_activations, "layer_backward_temporaries": layer_backward_temporaries,
+        "unsharded_grads": head_grad + layer_reduce_scatter, "ulysses_all_to_all": all_to_all,
+    }
+    root_moment = {
+        "root_embed_lm_head": root_gathered if root_tied else 0,
+        "unsharded_grads": root_grads, "root_reduce_scatter": root_reduce_scatter,
+    }
+    step_moment = {"optimizer_step_temporaries": optimizer_step}
+    return _largest([logits_moment, layer_moment, root_moment, step_moment], UPDATE_ITEMS)
+
+
+def log_prob_peak_items(*, root_gathered: int, gathered_layers: int, layer_forward: int, head_side: int, logits: int, all_to_all: int) -> dict[str, int]:
+    """Working-set items at a forward-only pass's peak: inside a layer, or at the logits."""
+    layer_moment = {"root_embed_lm_head": root_gathered, "gathered_layers": gathered_layers, "activations": layer_forward, "ulysses_all_to_all": all_to_all}
+    logits_moment = {"root_embed_lm_head": root_gathered, "activations": head_side, "logits": logits}
+    return _largest([layer_moment, logits_moment], LOG_PROB_ITEMS)

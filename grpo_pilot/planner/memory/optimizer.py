@@ -1,0 +1,26 @@
+"""AdamW step temporaries.
+
+- GPU: torch.optim.AdamW defaults to the `foreach` implementation when every parameter is a CUDA
+  tensor (torch/optim/optimizer.py `_default_to_fused_or_foreach`); its intermediate tensor lists
+  are the size of the parameter shard: about 4 bytes per parameter (fp32), memory-model.md §2.
+  `fused=True` needs ~0.
+- cpu: the default is the single-tensor loop (foreach only defaults on for CUDA), so only one
+  parameter's intermediate (the `denom` of the largest tensor, fp32) is live at a time.
+- optimizer offloaded to the host (our engine, TRL): the step runs there — 0 on the GPU.
+The step runs after backward, when activations and logits are gone: it is its own peak moment
+(memory/moments.py).
+"""
+
+from __future__ import annotations
+
+FOREACH_ADAMW_BYTES_PER_PARAM = 4
+FP32 = 4
+
+
+def adam_step_temporary_bytes(shard_params: int, largest_param_elements: int, optimizer_offload: bool, is_cpu: bool) -> int:
+    """Transient bytes of one AdamW step over a rank's shard."""
+    if optimizer_offload:
+        return 0
+    if is_cpu:
+        return FP32 * largest_param_elements
+    return FOREACH_ADAMW_BYTES_PER_PARAM * shard_params

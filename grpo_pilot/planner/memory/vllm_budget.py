@@ -1,0 +1,90 @@
+"""The vLLM engine's memory: `gpu_memory_utilization × total device memory`, split into parts.
+
+vLLM ≥ 0.7 (V1 `Worker.determine_available_memory`) requests util × *total* memory regardless of
+what other processes (our trainer) hold, then subtracts what its profile run consumed; the rest is
+KV cache. From vLLM 0.21 the CUDA-graph estimate is inside the budget too. Per GPU of a t-way
+tensor-parallel replica:
+
+- weights        c · ceil(P / t)   (vocab-parallel embedding / lm_head are split as well)
+- activations    peak of the profile run: max(forward of max_num_batched_tokens tokens, sampler run)
+    forward per token: residual + normed hidden (2·c·h), qkv (c·(q+2kv)/t), attention output
+    (c·q/t), gate_up + SiLU·up (3·c·I/t); one layer at a time, nothing saved.
+    sampler: min(max_num_seqs, max_num_batched_tokens) requests × V × sampler bytes per entry.
+- non-torch      NCCL / custom all-reduce / workspaces, growing with t (0 on cpu)
+- CUDA graphs    graph modes × number of capture sizes × bytes per graph + the largest capture's
+                 activations (0 with enforce_eager, and on cpu). Capture sizes follow
+                 vllm/config/vllm.py: [1, 2, 4] + 8..248 step 8 + 256..max step 16, max =
+                 min(2 · max_num_seqs, 512, max_num_batched_tokens).
+- KV cache       the rest. It can be negative: the caller reports 0 and keeps the signed value so
+                 constraints can say how far off the budget is.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+VLLM_DEFAULT_MAX_CAPTURE_SIZE = 512  # vllm/config/vllm.py default_max_graph_size (1024 on Blackwell)
+
+
+class VllmBudget(NamedTuple):
+    budget_bytes: int
+    weights_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    cuda_graph_bytes: int
+    kv_signed_bytes: int  # budget minus everything else; negative = the engine cannot start
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return max(0, self.kv_signed_bytes)
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, int]:
+    """(number of CUDA-graph capture sizes, largest size) for vLLM's default capture list."""
+    largest = min(2 * max_num_seqs, VLLM_DEFAULT_MAX_CAPTURE_SIZE, max_num_batched_tokens)
+    sizes = [s for s in (1, 2, 4) if s <= largest]
+    sizes += list(range(8, min(largest + 1, 256), 8))
+    sizes += list(range(256, largest + 1, 16))
+    return len(sizes), (sizes[-1] if sizes else 0)
+
+
+def forward_bytes_per_token(hidden: int, q_dim: int, kv_dim: int, intermediate: int, tensor_parallel: int, compute_bytes: int) -> int:
+    """Transient activation bytes per token of one vLLM decoder layer on one GPU."""
+    t = tensor_parallel
+    return compute_bytes * (2 * hidden + (2 * q_dim + 2 * kv_dim) // t + 3 * intermediate // t)
+
+
+def vllm_budget(
+    total_memory_bytes: int,
+    gpu_memory_utilization: float,
+    num_params: int,
+    tensor_parallel: int,
+    hidden: int,
+    q_dim: int,
+    kv_dim: int,
+    intermediate: int,
+    vocab: int,
+    weight_bytes: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    enforce_eager: bool,
+    is_cpu: bool,
+    non_torch_base_bytes: int,
+    non_torch_per_extra_tp_rank_bytes: int,
+    sampler_bytes_per_vocab_entry: int,
+    cuda_graph_bytes_per_graph: int,
+    cuda_graph_modes: int,
+) -> VllmBudget:
+    """Split one GPU's vLLM budget into weights, activation peak, buffers, graphs and KV cache."""
+    budget = int(gpu_memory_utilization * total_memory_bytes)
+    weights = -(-num_params // tensor_parallel) * weight_bytes
+    per_token = forward_bytes_per_token(hidden, q_dim, kv_dim, intermediate, tensor_parallel, weight_bytes)
+    sampler_reqs = min(max_num_seqs, max_num_batched_tokens)
+    activations = max(max_num_batched_tokens * per_token, sampler_reqs * vocab * sampler_bytes_per_vocab_entry)
+    non_torch = 0 if is_cpu else non_torch_base_bytes + (tensor_parallel - 1) * non_torch_per_extra_tp_rank_bytes
+    graphs = 0
+    if not (enforce_eager or is_cpu):
+        num_sizes, largest = capture_sizes(max_num_seqs, max_num_batched_tokens)
+        graphs = cuda_graph_modes * num_sizes * cuda_graph_bytes_per_graph + largest * per_token
+    kv = budget - weights - activations - non_torch - graphs
+    return VllmBudget(budget, weights, activations, non_torch, graphs, kv)

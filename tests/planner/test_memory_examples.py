@@ -1,0 +1,156 @@
+"""Hand-worked examples: the arithmetic is written out here, the estimator must reproduce it to the byte."""
+
+from __future__ import annotations
+
+from grpo_pilot.planner.config import Knobs, Workload
+from grpo_pilot.planner.estimate import estimate_memory, rollout_kv_budget_bytes
+from grpo_pilot.planner.memory.activations import attention_mask_bytes, layer_activation_bytes_per_token, recompute_activation_bytes, saved_activation_bytes
+from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
+from grpo_pilot.planner.memory.logits import logprob_logits_bytes
+from grpo_pilot.planner.memory.vllm_budget import capture_sizes
+
+GiB = 1 << 30
+MiB = 1 << 20
+P_QWEN25_7B = 7_615_616_512  # exact count from config.json (published "7.61B")
+V_QWEN25 = 152_064
+
+
+def test_qwen25_7b_on_8xa100_model_states_are_16p_over_d(est) -> None:
+    report = est("qwen2.5-7b", "8xA100-80G")
+    update = report.phases["update"].items
+    # fp32 master 4P/8 + fp32 grads 4P/8 + Adam m, v 8P/8 = 16 × 7,615,616,512 / 8 = 15,231,233,024 bytes
+    assert update["actor_params"] + update["actor_grads"] + update["optimizer_states"] == 16 * P_QWEN25_7B // 8 == 15_231_233_024
+    assert update["actor_params"] == 3_807_808_256
+    # reference in bf16, sharded 8 ways: 2 × P / 8
+    assert update["ref_params"] == 1_903_904_128
+    # root-held embeddings + untied lm_head in bf16: 2 × 2 × 152064 × 3584 = 2,179,989,504 bytes (2.03 GiB)
+    assert update["root_embed_lm_head"] == 2_179_989_504
+    assert round(update["root_embed_lm_head"] / GiB, 2) == 2.03
+
+
+def test_logits_bytes_for_16k_tokens() -> None:
+    T, V, h = 16_384, V_QWEN25, 3584
+    # our engine, unfused, training, inside the model (traced): bf16 logits 2 + 14 = 16 bytes per element
+    # (memory-model.md's HF figure is 14·T·V = 34,879,832,064); the engine's entropy metric adds 2 more;
+    # plus the hidden-state gradient 2·T·h
+    bare = logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="none")
+    assert bare == 16 * T * V + 2 * T * h == 39_862_665_216 + 117_440_512
+    metric = logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="metric")
+    assert metric == 18 * T * V + 2 * T * h
+    assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="grad") == 24 * T * V + 2 * T * h
+    # verl (flash-attn cross entropy, in-place backward): 2·c = 4 bytes per element
+    assert logprob_logits_bytes(T, V, h, 2, "verl", training=True, fused=False) == 4 * T * V + 2 * T * h
+    # forward-only (log-prob pass), bf16: 2 + 4 + 4 = 10 bytes per element, no hidden gradient; fp32: 4 + 4
+    assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=False) == 10 * T * V
+    assert logprob_logits_bytes(T, V, h, 4, "grpo-pilot", training=False, fused=False) == 8 * T * V
+    # fused, chunks of 1024 tokens: forward 12 bytes per chunk element; training backward c + 20 = 22,
+    # plus the fp32 weight-gradient accumulator 4·V·h, its bf16 cast 2·V·h and the hidden gradient
+    assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=True) == 12 * 1024 * V
+    assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=True, entropy="metric") == 22 * 1024 * V + 6 * V * h + 2 * T * h
+    # TRL's fused head: one [4096, 32768] bf16 tile + 7 fp32 statistics per token
+    assert logprob_logits_bytes(T, V, h, 2, "trl", training=False, fused=False) == 2 * 4096 * 32768 + 28 * T
+
+
+def test_update_logits_scored_positions_in_the_estimate(est) -> None:
+    # dynamic batching, 16384-token budget, prompt 512 + response 1024: the mini-batch holds
+    # 256 × 5 / 8 = 160 sequences × 1536 = 245,760 tokens, so a micro-batch packs the full 16,384.
+    verl = est("qwen2.5-7b", "8xA100-80G", target="verl", max_token_len_per_gpu=16_384, workload=Workload(entropy_coeff=0.0))
+    # verl scores every packed position; its logits moment (10.1 GB) outweighs the last layer's backward
+    assert verl.phases["update"].items["logits"] == 4 * 16_384 * V_QWEN25 + 2 * 16_384 * 3584
+    assert verl.phases["update"].items["gathered_layers"] == 0  # no decoder layer is gathered at the logits
+    # our engine keeps logits for response positions only: ceil(16384 × 1024 / 1536) = 10,923, and the
+    # logits moment is its update peak here: 18 bytes per element (entropy metric) + hidden gradient
+    ours = est("qwen2.5-7b", "8xA100-80G", max_token_len_per_gpu=16_384)
+    assert ours.phases["update"].items["logits"] == 18 * 10_923 * V_QWEN25 + 2 * 10_923 * 3584
+
+
+def test_kv_bytes_per_token_qwen25_7b() -> None:
+    # 28 layers, 4 kv heads, head_dim 128, bf16. t = 2: 2 heads per GPU → 2 × 28 × 2 × 128 × 2 = 28,672 bytes
+    assert kv_bytes_per_token(28, 4, 128, 2, 2) == 28_672
+    # t = 8 > 4 kv heads: one replicated head per GPU → 14,336 bytes
+    assert kv_bytes_per_token(28, 4, 128, 8, 2) == 14_336
+    assert kv_bytes_per_token(28, 4, 128, 1, 2) == 57_344
+
+
+def test_vllm_budget_qwen25_7b_util_half_on_a100(spec_of, cluster_of) -> None:
+    report = estimate_memory(spec_of("qwen2.5-7b"), cluster_of("8xA100-80G"), Workload(), Knobs())
+    rollout = report.phases["rollout"].items
+    budget = int(0.5 * 81920 * MiB)  # 42,949,672,960
+    weights = P_QWEN25_7B // 2 * 2  # bf16, t = 2: 7,615,616,512
+    sampler = 1024 * V_QWEN25 * 20  # 3,114,270,720 > 8192 tokens × 79,360 bytes forward
+    per_token = 2 * (2 * 3584 + (2 * 3584 + 2 * 512) // 2 + 3 * 18944 // 2)
+    assert per_token == 79_360
+    non_torch = int(0.15 * GiB) + int(0.16 * GiB)
+    assert capture_sizes(1024, 8192) == (51, 512)  # [1, 2, 4] + 8..248 (31) + 256..512 step 16 (17)
+    graphs = 2 * 51 * 4 * MiB + 512 * per_token
+    kv = budget - weights - sampler - non_torch - graphs
+    assert kv == 31_418_474_436
+    assert rollout["vllm_weights"] == weights and rollout["vllm_activation_peak"] == sampler
+    assert rollout["vllm_non_torch"] == non_torch and rollout["vllm_cuda_graphs"] == graphs
+    assert rollout["vllm_kv_cache"] == report.kv_cache_bytes_per_gpu == kv
+    assert report.kv_cache_tokens_per_gpu == kv // 28_672 == 1_095_789
+    assert report.max_concurrent_seqs == 1_095_789 // 1536 == 713
+    assert sum(v for k, v in rollout.items() if k.startswith("vllm_")) == budget
+
+
+def test_activation_bytes_per_token_per_layer(spec_of) -> None:
+    s = spec_of("qwen2.5-7b")
+    # 16h + 8·q_dim + 8I + 4a + 8 = 57,344 + 28,672 + 151,552 + 112 + 8 (traced on this stack)
+    assert layer_activation_bytes_per_token(s.hidden_size, s.q_dim, s.kv_dim, s.intermediate_size, s.num_attention_heads, 2) == 237_688
+    small = spec_of("qwen2.5-1.5b")  # traced exactly: 108,600 bytes per token per layer
+    assert layer_activation_bytes_per_token(small.hidden_size, small.q_dim, small.kv_dim, small.intermediate_size, small.num_attention_heads, 2) == 108_600
+    q3 = spec_of("qwen3-1.7b")  # + q/k RMSNorm: 6·(q_dim + kv_dim) + 4·(a + kv heads); traced 116,904
+    got = layer_activation_bytes_per_token(q3.hidden_size, q3.q_dim, q3.kv_dim, q3.intermediate_size, q3.num_attention_heads, 2, qk_norm=True, num_kv_heads=q3.num_kv_heads)
+    assert got == 16 * 2048 + 8 * 2048 + 8 * 6144 + 4 * 16 + 8 + 6 * (2048 + 1024) + 4 * (16 + 8) == 116_904
+    # a packed row of T tokens keeps a T × T bf16 mask per layer
+    T = 4096
+    assert attention_mask_bytes(T, T, 2) == 2 * T * T
+    # checkpointed: T × (L·2h + 2·2h head side) + the T × T boolean mask saved; one full layer (+ its
+    # bf16 mask) recomputed
+    assert saved_activation_bytes(T, 28, 237_688, 2 * T * T, T * T, 3584, 2, True) == T * (28 * 2 * 3584 + 4 * 3584) + T * T
+    assert recompute_activation_bytes(T, 237_688, 2 * T * T, True) == T * 237_688 + 2 * T * T
+    # full: every layer keeps its activations and its mask
+    assert saved_activation_bytes(T, 28, 237_688, 2 * T * T, T * T, 3584, 2, False) == 28 * (T * 237_688 + 2 * T * T) + T * 4 * 3584 + T * T
+    assert recompute_activation_bytes(T, 237_688, 2 * T * T, False) == 0
+
+
+def test_negative_kv_budget_is_reported_as_zero_and_exposed_signed(spec_of, cluster_of) -> None:
+    s, c, w = spec_of("qwen2.5-7b"), cluster_of("1xA100-80G"), Workload()
+    knobs = Knobs(rollout_tp=1, gpu_memory_utilization=0.1)  # 8 GiB budget < 14.2 GiB of bf16 weights
+    report = estimate_memory(s, c, w, knobs)
+    signed = rollout_kv_budget_bytes(s, c, w, knobs)
+    assert signed < 0
+    assert report.kv_cache_bytes_per_gpu == report.kv_cache_tokens_per_gpu == report.max_concurrent_seqs == 0
+    items = report.phases["rollout"].items
+    over = items["vllm_weights"] + items["vllm_activation_peak"] + items["vllm_non_torch"] + items["vllm_cuda_graphs"]
+    assert signed == int(0.1 * c.gpu.memory_bytes) - over
+
+
+def test_log_prob_phase_qwen25_7b_peaks_at_the_logits(est) -> None:
+    report = est("qwen2.5-7b", "8xA100-80G")
+    lp = report.phases["log_prob"].items
+    # 16384-token budget, response share ceil(16384 × 1024 / 1536) = 10,923 scored positions, forward
+    # only in bf16: 10 bytes per logits element (logits 2 + fp32 upcast 4 + scaled copy 4)
+    assert lp["logits"] == 10 * 10_923 * V_QWEN25
+    assert lp["activations"] == 2 * 2 * 3584 * 16_384  # final hidden + normed copy of the 16,384 tokens
+    assert lp["gathered_layers"] == 0  # no decoder layer is gathered at the logits
+    # resident: fp32 actor shard, Adam shard, bf16 reference shard — no gradients outside the update
+    assert lp["actor_params"] == 4 * P_QWEN25_7B // 8 and lp["optimizer_states"] == 8 * P_QWEN25_7B // 8
+    assert lp["ref_params"] == 2 * P_QWEN25_7B // 8 and lp["actor_grads"] == 0
+    # the rollout engine's CUDA graphs and non-torch buffers stay through the phase, its KV cache does not
+    assert lp["vllm_cuda_graphs"] > 0 and lp["vllm_non_torch"] > 0 and "vllm_kv_cache" not in lp
+
+
+def test_short_sequences_peak_at_the_root_reduce_scatter(est) -> None:
+    # Qwen2.5-7B, 8 ranks, one 512-token sequence per micro-batch: the largest update moment is the root's
+    # post-backward reduce-scatter of embeddings + lm_head (the traced method finds the same peak,
+    # 20,763 MiB of trainer tensors, to the MiB).
+    w = Workload(prompt_len_tokens=256, response_len_tokens=256)
+    upd = est("qwen2.5-7b", "8xA100-80G", micro_batch_size_per_gpu=1, workload=w).phases["update"].items
+    e_plus_h = 2 * 544_997_376
+    assert upd["unsharded_grads"] == 2 * e_plus_h == 2_179_989_504  # bf16 grads of embed + lm_head
+    assert upd["root_reduce_scatter"] == 4 * e_plus_h == 4_359_979_008  # their fp32 reduce-scatter input
+    assert upd["root_embed_lm_head"] == 0  # untied root params are resharded by then
+    assert upd["activations"] == upd["logits"] == upd["gathered_layers"] == 0
+    states = upd["actor_params"] + upd["actor_grads"] + upd["optimizer_states"]
+    assert round((states + upd["unsharded_grads"] + upd["root_reduce_scatter"]) / MiB) == 20_763
