@@ -5,6 +5,7 @@ A reader (or a killed process) never sees a half-written output file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -31,9 +32,7 @@ def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[object], o
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
         raise
     return target
