@@ -41,6 +41,7 @@ class Provenance(Frozen):
     search_trials: int = Field(default=0, ge=0, description="Optuna trials evaluated (0 = every knob pinned).")
     search_seed: int | None = Field(default=None, description="Sampler seed.")
     feasible_trials: int = Field(default=0, ge=0, description="Trials that satisfied every constraint.")
+    refine_evaluations: int = Field(default=0, ge=0, description="Configurations the local refinement after the study assessed.")
 
 
 class Plan(Frozen):

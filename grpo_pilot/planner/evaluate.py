@@ -1,0 +1,116 @@
+"""Evaluate one knob configuration: memory + time + constraints → a verdict, and a `Plan`.
+
+`PlanInputs` is everything the user fixed (model, cluster, workload, executor, safety headroom);
+`assess(inputs, knobs)` is the search's inner loop (no `Plan` built); `evaluate(inputs, knobs)` turns
+an assessment into the frozen `Plan` that plan.json stores.
+
+Usable GPU memory = device memory × (1 − headroom). The memory estimate already itemises the CUDA
+context, NCCL buffers and allocator fragmentation; the default 5% headroom covers what it cannot
+see: driver/ECC reservations that vary by driver version, monitoring agents on the GPU, and the
+estimate's own error (the traced cross-check agrees to a few percent on tensor bytes).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from grpo_pilot.hardware.cluster import Cluster
+from grpo_pilot.models import Frozen
+from grpo_pilot.planner.config import Knobs, Target, Workload
+from grpo_pilot.planner.constraints import Check, binding_constraint, memory_checks, structural_checks, violations
+from grpo_pilot.planner.estimate import estimate_memory
+from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
+from grpo_pilot.planner.plan import ModelRef, Plan, Provenance
+from grpo_pilot.planner.reports import MemoryReport, TimeReport
+from grpo_pilot.planner.timing import estimate_time
+from grpo_pilot.profiles.catalog import ResolvedModel
+
+DEFAULT_HEADROOM_FRACTION = 0.05
+
+
+def model_ref(resolved: ResolvedModel) -> ModelRef:
+    """The plan's record of the model: what was asked for and what it resolved to."""
+    return ModelRef(requested=resolved.requested, resolved=resolved.resolved, hub_id=resolved.hub_id, spec=resolved.spec)
+
+
+class PlanInputs(Frozen):
+    """What the user fixed; the search never changes any of it."""
+
+    model: ModelRef = Field(description="The model as requested and resolved.")
+    cluster: Cluster
+    workload: Workload = Field(default_factory=Workload)
+    target: Target = Field(default="grpo-pilot", description="Executor whose choices the estimate models.")
+    headroom_fraction: float = Field(default=DEFAULT_HEADROOM_FRACTION, ge=0.0, lt=1.0, description="Share of device memory kept free.")
+    overheads: Overheads = Field(default=DEFAULT_OVERHEADS, description="Named memory constants (analytic defaults or a calibration).")
+    calibration: str | None = Field(default=None, description="Name of the calibration the overheads come from (None = analytic defaults).")
+
+    @property
+    def usable_gpu_bytes(self) -> int:
+        return int(self.cluster.gpu.memory_bytes * (1.0 - self.headroom_fraction))
+
+
+class Assessment(Frozen):
+    """One configuration evaluated: its memory, time and every rule's check."""
+
+    knobs: Knobs
+    memory: MemoryReport
+    time: TimeReport
+    checks: tuple[Check, ...]
+
+    @property
+    def fits(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def total_excess(self) -> float:
+        """Sum of positive excesses: how far from feasible (0 when it fits)."""
+        return sum(max(0.0, c.excess) for c in self.checks)
+
+
+def cheap_checks(inputs: PlanInputs, knobs: Knobs) -> tuple[Check, ...]:
+    """Rules that need no memory estimate (used to prune search trials)."""
+    return structural_checks(inputs.model.spec, inputs.cluster, inputs.workload, knobs, inputs.target)
+
+
+def assess(inputs: PlanInputs, knobs: Knobs, structural: tuple[Check, ...] | None = None) -> Assessment:
+    """Memory estimate → rollout concurrency → time estimate → all checks."""
+    spec, cluster, workload = inputs.model.spec, inputs.cluster, inputs.workload
+    memory = estimate_memory(spec, cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
+    time = estimate_time(spec, cluster, workload, knobs, target=inputs.target, max_concurrent_seqs=max(1, memory.max_concurrent_seqs))
+    checks = (structural if structural is not None else cheap_checks(inputs, knobs)) + memory_checks(
+        memory, workload, knobs, usable_gpu_bytes=inputs.usable_gpu_bytes, host_ram_bytes=cluster.host_ram_bytes_per_node
+    )
+    return Assessment(knobs=knobs, memory=memory, time=time, checks=checks)
+
+
+def to_plan(inputs: PlanInputs, a: Assessment, *, provenance: Provenance | None = None, suggestions: tuple[str, ...] = ()) -> Plan:
+    """The frozen plan.json record of an assessment."""
+    memory, time = a.memory, a.time
+    return Plan(
+        fits=a.fits,
+        knobs=a.knobs,
+        peak_gpu_bytes=memory.peak_gpu_bytes,
+        usable_gpu_bytes=inputs.usable_gpu_bytes,
+        predicted_step_s=time.step_s,
+        phases=dict(memory.phases),
+        phase_times_s=dict(time.phases_s),
+        tokens_per_s=time.tokens_per_s,
+        mfu=time.mfu,
+        host=memory.host,
+        host_ram_bytes_per_node=inputs.cluster.host_ram_bytes_per_node,
+        kv_cache_tokens_per_gpu=memory.kv_cache_tokens_per_gpu,
+        max_concurrent_seqs=memory.max_concurrent_seqs,
+        binding_constraint=binding_constraint(a.checks, memory),
+        violations=tuple(c.message for c in sorted(violations(a.checks), key=lambda c: -c.excess)),  # worst first
+        suggestions=suggestions,
+        model=inputs.model,
+        cluster=inputs.cluster,
+        workload=inputs.workload,
+        target=inputs.target,
+        provenance=provenance or Provenance(calibration=inputs.calibration),
+    )
+
+
+def evaluate(inputs: PlanInputs, knobs: Knobs, *, provenance: Provenance | None = None) -> Plan:
+    """Evaluate exactly this configuration (no search)."""
+    return to_plan(inputs, assess(inputs, knobs), provenance=provenance)

@@ -1,0 +1,209 @@
+"""Exports of a `Plan` to the peers' configuration languages.
+
+- `verl_overrides(plan)` / `verl_command(plan)`: a runnable `python3 -m verl.trainer.main_ppo ...`
+  command with verl's Hydra key names (reference/verl-config.md "What the tool must emit"; key names
+  checked against verl's ppo_trainer.yaml and public run scripts).
+- `trl_settings(plan)` / `trl_config_text(plan)`: the matching TRL `GRPOConfig` keyword arguments
+  (field names checked against the installed trl 1.16 `GRPOConfig` dataclass). TRL batch sizes count
+  completions: `per_device_train_batch_size` is the micro-batch in sequences, the optimizer step is
+  `per_device × processes × gradient_accumulation_steps` completions (our mini-batch × n), and one
+  generation batch feeds `steps_per_generation` micro-steps (prompts per step × n completions).
+
+Knobs a target cannot express are listed as comment lines, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any
+
+from grpo_pilot.planner.config import Knobs
+from grpo_pilot.planner.plan import Plan
+from grpo_pilot.planner.timing import budget_scaled_by_sp, pools
+
+# KL settings of verl's GRPO example scripts (examples/grpo_trainer/run_qwen2-7b.sh: kl_loss_coef
+# 0.001, kl_loss_type low_var_kl); the workload only says whether the KL loss is on.
+KL_LOSS_COEF = 0.001
+KL_LOSS_TYPE = "low_var_kl"
+
+
+def _b(flag: bool) -> str:
+    return "True" if flag else "False"
+
+
+def _model_path(plan: Plan) -> str:
+    return plan.model.hub_id or plan.model.resolved
+
+
+def micro_batch_seqs(plan: Plan) -> int:
+    """Sequences per update micro-batch: the fixed micro-batch, or what the token budget holds."""
+    k, seq = plan.knobs, plan.workload.seq_len_tokens
+    if k.dynamic_batching:
+        scale = k.ulysses_sp if budget_scaled_by_sp(plan.target) else 1
+        return max(1, (k.max_token_len_per_gpu or seq) * scale // seq)
+    return k.micro_batch_size_per_gpu or 1
+
+
+def verl_notes(plan: Plan) -> tuple[str, ...]:
+    notes = []
+    if plan.knobs.placement == "split":
+        notes.append("placement=split has no main_ppo key: verl's main_ppo colocates rollout and training (hybrid engine); "
+                     "this command runs colocated, so re-plan with --pin placement=colocated before trusting its memory.")
+    if plan.target != "verl":
+        notes.append(f"memory was estimated for target {plan.target}; re-plan with --target verl for verl's own memory behaviour.")
+    if not plan.fits:
+        notes.append("this plan does NOT fit (see grpo-plan's violations); the command is printed for reference only.")
+    return tuple(notes)
+
+
+def verl_overrides(plan: Plan) -> tuple[tuple[str, str], ...]:
+    """Ordered (key, value) Hydra overrides for verl's FSDP GRPO trainer."""
+    k, w, c = plan.knobs, plan.workload, plan.cluster
+    out: list[tuple[str, str]] = [
+        ("algorithm.adv_estimator", "grpo"),
+        ("algorithm.use_kl_in_reward", "False"),
+        ("data.train_files", "$TRAIN_FILES"),
+        ("data.val_files", "$VAL_FILES"),
+        ("data.train_batch_size", str(w.prompts_per_step)),
+        ("data.max_prompt_length", str(w.prompt_len_tokens)),
+        ("data.max_response_length", str(w.response_len_tokens)),
+        ("data.filter_overlong_prompts", "True"),
+        ("data.truncation", "error"),
+        ("actor_rollout_ref.model.path", _model_path(plan)),
+        ("actor_rollout_ref.model.enable_gradient_checkpointing", _b(k.gradient_checkpointing)),
+        ("actor_rollout_ref.model.use_remove_padding", "True"),
+        ("actor_rollout_ref.model.use_fused_kernels", _b(k.fused_logprob)),
+        ("actor_rollout_ref.actor.strategy", "fsdp2"),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", str(w.mini_batch_prompts)),
+        ("actor_rollout_ref.actor.ppo_epochs", str(w.ppo_epochs)),
+    ]
+    if k.dynamic_batching:
+        out += [("actor_rollout_ref.actor.use_dynamic_bsz", "True"),
+                ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", str(k.max_token_len_per_gpu))]
+    else:
+        out += [("actor_rollout_ref.actor.use_dynamic_bsz", "False"),
+                ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", str(k.micro_batch_size_per_gpu))]
+    out += [
+        ("actor_rollout_ref.actor.use_kl_loss", _b(w.use_kl_loss)),
+        ("actor_rollout_ref.actor.kl_loss_coef", str(KL_LOSS_COEF if w.use_kl_loss else 0.0)),
+        ("actor_rollout_ref.actor.kl_loss_type", KL_LOSS_TYPE),
+        ("actor_rollout_ref.actor.entropy_coeff", repr(w.entropy_coeff)),
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", str(k.ulysses_sp)),
+        ("actor_rollout_ref.actor.fsdp_config.param_offload", _b(k.param_offload)),
+        ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", _b(k.optimizer_offload)),
+        ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "True"),
+        ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", str(k.log_prob_max_token_len_per_gpu)),
+        ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "True"),
+        ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", str(k.log_prob_max_token_len_per_gpu)),
+        ("actor_rollout_ref.ref.fsdp_config.param_offload", _b(k.ref_param_offload)),
+        ("actor_rollout_ref.rollout.name", k.rollout_backend),
+        ("actor_rollout_ref.rollout.n", str(w.n)),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", str(k.rollout_tp if k.rollout_backend == "vllm" else 1)),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization", f"{k.gpu_memory_utilization:g}"),
+        ("actor_rollout_ref.rollout.max_num_batched_tokens", str(k.max_num_batched_tokens)),
+        ("actor_rollout_ref.rollout.max_num_seqs", str(k.max_num_seqs)),
+        ("actor_rollout_ref.rollout.max_model_len", str(w.seq_len_tokens)),
+        ("actor_rollout_ref.rollout.enforce_eager", _b(k.enforce_eager)),
+        ("actor_rollout_ref.rollout.free_cache_engine", "True"),
+        ("trainer.n_gpus_per_node", str(c.gpus_per_node)),
+        ("trainer.nnodes", str(c.num_nodes)),
+        ("trainer.logger", '["console"]'),
+        ("trainer.project_name", "grpo-pilot"),
+        ("trainer.experiment_name", f"{plan.model.resolved}-{c.label()}".replace("/", "_")),
+        ("trainer.total_epochs", "1"),
+        ("trainer.save_freq", "-1"),
+        ("trainer.test_freq", "-1"),
+        ("trainer.val_before_train", "False"),
+    ]
+    return tuple(out)
+
+
+def _shell_value(value: str) -> str:
+    """Quote for bash, but leave $VARS expandable (data files come from the environment)."""
+    if value.startswith("$") and value[1:].replace("_", "").isalnum():
+        return f'"{value}"'
+    return shlex.quote(value)
+
+
+def verl_command(plan: Plan) -> str:
+    """A bash command line (with `#` comment lines first) that launches verl with the plan's knobs."""
+    head = [f"# verl GRPO for {_model_path(plan)} on {plan.cluster.label()} "
+            f"(grpo-pilot plan: predicted {plan.predicted_step_s:.1f} s/step, fits={plan.fits})",
+            "# set TRAIN_FILES and VAL_FILES to your parquet files first"]
+    head += [f"# note: {n}" for n in verl_notes(plan)]
+    lines = ["python3 -m verl.trainer.main_ppo"] + [f"    {key}={_shell_value(val)}" for key, val in verl_overrides(plan)]
+    return "\n".join(head) + "\n" + " \\\n".join(lines) + "\n"
+
+
+def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """(GRPOConfig keyword arguments, notes for what GRPOConfig cannot express)."""
+    k, w = plan.knobs, plan.workload
+    _, train_gpus = pools(plan.cluster, k)
+    per_device = micro_batch_seqs(plan)
+    per_step_completions = per_device * train_gpus
+    grad_accum = max(1, math.ceil(w.mini_batch_prompts * w.n / per_step_completions))
+    steps_per_generation = max(1, math.ceil(w.responses_per_step / per_step_completions))
+    colocate = k.placement == "colocated"
+    settings: dict[str, Any] = {
+        "per_device_train_batch_size": per_device,
+        "gradient_accumulation_steps": grad_accum,
+        "num_generations": w.n,
+        "steps_per_generation": steps_per_generation,
+        "max_completion_length": w.response_len_tokens,
+        "num_iterations": w.ppo_epochs,
+        "beta": KL_LOSS_COEF if w.use_kl_loss else 0.0,
+        "entropy_coef": w.entropy_coeff,
+        "use_vllm": k.rollout_backend == "vllm",
+        "gradient_checkpointing": k.gradient_checkpointing,
+        "bf16": not plan.cluster.gpu.is_cpu,
+    }
+    if k.rollout_backend == "vllm":
+        settings["vllm_mode"] = "colocate" if colocate else "server"
+        settings["vllm_max_model_length"] = w.seq_len_tokens
+        if colocate:
+            settings["vllm_gpu_memory_utilization"] = k.gpu_memory_utilization
+            settings["vllm_tensor_parallel_size"] = k.rollout_tp
+            # TRL keeps the engine's weights and KV cache through training unless sleep mode is on; the
+            # grpo-pilot and verl estimates assume they are freed, so only a TRL-target plan keeps them.
+            settings["vllm_enable_sleep_mode"] = plan.target != "trl"
+    if k.param_offload or k.optimizer_offload:
+        settings["fsdp"] = "full_shard offload auto_wrap"
+    else:
+        settings["fsdp"] = "full_shard auto_wrap"
+    notes = [] if plan.target == "trl" else [f"memory was estimated for target {plan.target}; re-plan with --target trl for TRL's own memory behaviour"]
+    notes += [f"launch on {train_gpus} training processes (accelerate launch --num_processes {train_gpus})",
+             f"keep prompts at most {w.prompt_len_tokens} tokens (filter the dataset; GRPOConfig has no prompt-length cap in trl 1.16)"]
+    if per_device * train_gpus * grad_accum != w.mini_batch_prompts * w.n:
+        notes.append(f"the mini-batch of {w.mini_batch_prompts * w.n} completions is not a multiple of "
+                     f"{per_device} × {train_gpus}; the optimizer step uses {per_device * train_gpus * grad_accum}")
+    if k.rollout_backend == "vllm" and not colocate:
+        notes.append(f"server mode: start `trl vllm-serve --model {_model_path(plan)} --tensor-parallel-size {k.rollout_tp}` on the rollout GPUs")
+    if k.dynamic_batching:
+        notes.append(f"token budget {k.max_token_len_per_gpu} has no GRPOConfig key: expressed as {per_device} sequences per micro-batch")
+    if w.use_kl_loss and k.ref_param_offload:
+        notes.append("ref_param_offload has no GRPOConfig key (TRL keeps the reference model on the GPU)")
+    if k.ulysses_sp > 1:
+        notes.append(f"ulysses_sp={k.ulysses_sp} has no GRPOConfig key (use accelerate's parallelism_config for context parallelism)")
+    if k.fused_logprob:
+        notes.append("fused_logprob has no GRPOConfig key in trl 1.16 (use_liger_kernel is deprecated there)")
+    if k.rollout_backend == "vllm" and k.enforce_eager:
+        notes.append("enforce_eager has no GRPOConfig key")
+    defaults = Knobs()
+    if (k.max_num_seqs, k.max_num_batched_tokens) != (defaults.max_num_seqs, defaults.max_num_batched_tokens):
+        notes.append("max_num_seqs / max_num_batched_tokens have no GRPOConfig key")
+    if not plan.fits:
+        notes.append("this plan does NOT fit; printed for reference only")
+    return settings, tuple(notes)
+
+
+def trl_config_text(plan: Plan) -> str:
+    """Python source building the `GRPOConfig`, with notes as comments."""
+    settings, notes = trl_settings(plan)
+    head = [f"# TRL GRPOConfig for {_model_path(plan)} on {plan.cluster.label()} (grpo-pilot plan: predicted "
+            f"{plan.predicted_step_s:.1f} s/step, fits={plan.fits})"]
+    head += [f"# note: {n}" for n in notes]
+    body = ["from trl import GRPOConfig", "", "config = GRPOConfig("]
+    body += [f"    {key}={value!r}," for key, value in settings.items()]
+    body += ['    output_dir="grpo-output",', ")"]
+    return "\n".join(head + body) + "\n"

@@ -1,0 +1,127 @@
+"""What would make an infeasible request fit — every suggestion computed with the estimator.
+
+When nothing fits (or a pinned configuration does not), `suggest(inputs, assessment, pins)` returns
+short sentences, in this order:
+1. turning on every offload for the configuration that failed, if that alone fits;
+2. the host RAM per node that would let a frugal configuration fit, when host RAM is what binds;
+3. the fewest GPUs of the same type that fit (same GPUs per node; more nodes), with the most
+   memory-frugal settings of the search space;
+4. the longest response (binary search on `response_len_tokens`) that fits on this cluster.
+A candidate "fits" when any of a small set of frugal configurations passes every check: offloads
+and checkpointing on, smallest batches and token budgets, each rollout TP of the space ×
+gpu_memory_utilization in steps of 0.1 (`search.frugal_candidates`); knobs the user pinned stay
+pinned (except the offloads, which suggestion 1 is about). Suggestions 3 and 4 are only made when
+the frugal configurations do not already fit as the request stands.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from grpo_pilot.hardware.cluster import Cluster
+from grpo_pilot.hardware.gpus import GiB
+from grpo_pilot.planner.config import Workload
+from grpo_pilot.planner.constraints import violations
+from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, cheap_checks
+from grpo_pilot.planner.search import build_space, frugal_candidates
+
+UNLIMITED_HOST_RAM_BYTES = 1 << 50  # 1 PiB: "as much host RAM as it takes" for the host-RAM suggestion
+MAX_NODES = 64  # largest cluster the GPU-count suggestion considers (nodes of the user's size)
+OFFLOADS: tuple[str, ...] = ("param_offload", "optimizer_offload", "ref_param_offload")
+
+
+def first_fit(inputs: PlanInputs, pins: Mapping[str, Any]) -> Assessment | None:
+    """The first frugal configuration that fits these inputs, or None."""
+    for knobs in frugal_candidates(build_space(inputs, pins)):
+        structural = cheap_checks(inputs, knobs)
+        if violations(structural):
+            continue
+        a = assess(inputs, knobs, structural)
+        if a.fits:
+            return a
+    return None
+
+
+def _with_offloads(inputs: PlanInputs, failed: Assessment) -> str | None:
+    knobs = failed.knobs
+    off = [k for k in OFFLOADS if not getattr(knobs, k) and (k != "ref_param_offload" or inputs.workload.use_kl_loss)]
+    if not off:
+        return None
+    a = assess(inputs, knobs.model_copy(update={k: True for k in off}))
+    if not a.fits:
+        return None
+    pins = " ".join(f"--pin {k}=true" for k in off)
+    return f"turning on {', '.join(off)} fits: peak {a.memory.peak_gpu_bytes / GiB:.1f} GiB of {inputs.usable_gpu_bytes / GiB:.1f} GiB usable ({pins})."
+
+
+def _cluster_sizes(cluster: Cluster) -> Iterator[tuple[int, int]]:
+    """(nodes, gpus per node) larger than the current cluster, smallest first."""
+    current = cluster.world_size
+    if cluster.num_nodes == 1:
+        for per_node in (1, 2, 4, 8):
+            if current < per_node <= max(cluster.gpus_per_node, 8):
+                yield 1, per_node
+    per_node = max(cluster.gpus_per_node, 8) if cluster.num_nodes == 1 else cluster.gpus_per_node
+    for nodes in range(2, MAX_NODES + 1):
+        if nodes * per_node > current:
+            yield nodes, per_node
+
+
+def _fewest_gpus(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None:
+    if inputs.cluster.gpu.is_cpu or first_fit(inputs, pins) is not None:
+        return None
+    for nodes, per_node in _cluster_sizes(inputs.cluster):
+        bigger = inputs.cluster.model_copy(update={"num_nodes": nodes, "gpus_per_node": per_node})
+        candidate = inputs.model_copy(update={"cluster": bigger})
+        if inputs.workload.responses_per_step % bigger.world_size:
+            continue
+        if first_fit(candidate, pins) is not None:
+            label = bigger.label()
+            return f"fewest {inputs.cluster.gpu.name} GPUs that fit: {bigger.world_size} ({label}; try --gpus {label})."
+    return None
+
+
+def _host_ram_needed(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None:
+    """When host RAM binds: the host RAM per node the first frugal configuration needs."""
+    roomy = inputs.cluster.model_copy(update={"host_ram_bytes_per_node": UNLIMITED_HOST_RAM_BYTES})
+    a = first_fit(inputs.model_copy(update={"cluster": roomy}), pins)
+    if a is None or a.memory.host.total_bytes <= inputs.cluster.host_ram_bytes_per_node:
+        return None
+    need_gib = -(-a.memory.host.total_bytes // GiB)
+    return f"with {need_gib} GiB of host RAM per node it fits on {inputs.cluster.label()} (--host-ram {need_gib}GiB)."
+
+
+def _longest_response(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None:
+    w = inputs.workload
+
+    def fits(length: int) -> bool:
+        shorter = Workload(**{**w.model_dump(), "response_len_tokens": length})
+        return first_fit(inputs.model_copy(update={"workload": shorter}), pins) is not None
+
+    lo, hi = 0, w.response_len_tokens - 1  # lo: longest known to fit (0 = none yet)
+    if hi < 1 or fits(w.response_len_tokens) or not fits(1):
+        return None
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return f"responses of up to {lo} tokens fit on {inputs.cluster.label()} (--response-len {lo})."
+
+
+def suggest(inputs: PlanInputs, failed: Assessment, pins: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """Suggestions for a configuration that does not fit (see module docstring)."""
+    pins = dict(pins or {})
+    free = {k: v for k, v in pins.items() if k not in OFFLOADS}
+    found = [_with_offloads(inputs, failed), _host_ram_needed(inputs, free), _fewest_gpus(inputs, free), _longest_response(inputs, free)]
+    out = tuple(s for s in found if s)
+    if not out and pins:  # the pins themselves may be what cannot fit: say what would fit without them
+        unpinned = [_host_ram_needed(inputs, {}), _fewest_gpus(inputs, {}), _longest_response(inputs, {})]
+        out = tuple(f"without the pinned knobs, {s}" for s in unpinned if s)
+        if not out and first_fit(inputs, {}) is not None:
+            out = ("without the pinned knobs it fits on this cluster: drop the --pin flags and let the search choose.",)
+    if not out:
+        return (f"no cluster of up to {MAX_NODES} nodes of this GPU and no shorter response fits; use a GPU with more memory or a smaller model.",)
+    return out

@@ -1,0 +1,157 @@
+"""Roofline time model: hand-worked phases, monotonicity, and the variants each knob selects."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from grpo_pilot.hardware import parse_cluster
+from grpo_pilot.planner import timing as T
+from grpo_pilot.planner.config import Knobs, Workload
+from grpo_pilot.planner.timing import estimate_time
+from grpo_pilot.profiles import resolve_model
+
+SMALL = Workload(prompts_per_step=8, mini_batch_prompts=8, n=2, prompt_len_tokens=64, response_len_tokens=64, use_kl_loss=False)
+
+
+def spec(alias: str):
+    return resolve_model(alias).spec
+
+
+def test_update_phase_single_gpu_by_hand() -> None:
+    """1 GPU, no FSDP traffic: epochs × minis × (micros × compute + AdamW on the whole model)."""
+    s, c = spec("qwen2.5-0.5b"), parse_cluster("1xA100-80G")
+    k = Knobs(micro_batch_size_per_gpu=4, gradient_checkpointing=False)
+    seqs = 8 * 2  # mini-batch prompts × n, one data-parallel rank
+    micros = seqs // 4
+    tokens = 4 * (64 + 64)
+    fwd = 2 * s.num_active_params + 4 * s.num_layers * s.q_dim * (128 / 2)  # 2P + causal attention
+    compute = tokens * 3 * fwd / (312e12 * T.UPDATE_MFU)
+    adam = s.num_params * T.ADAM_BYTES_PER_PARAM / 2039e9
+    expected = 1 * 1 * (micros * compute + adam)
+    assert T.update_time_s(s, c, SMALL, k, "grpo-pilot") == pytest.approx(expected, rel=1e-12)
+
+
+def test_partial_last_micro_batch_is_not_padded() -> None:
+    """10 sequences per rank in micro-batches of 4 = 4 + 4 + 2: on one GPU (no FSDP traffic) the
+    compute is that of 10 sequences, the same as micro-batches of 1, 2 or 5."""
+    s, c = spec("qwen2.5-0.5b"), parse_cluster("1xA100-80G")
+    w = SMALL.model_copy(update={"prompts_per_step": 5, "mini_batch_prompts": 5})
+    times = {m: T.update_time_s(s, c, w, Knobs(micro_batch_size_per_gpu=m), "grpo-pilot") for m in (1, 2, 4, 5)}
+    assert times[4] == pytest.approx(times[1], rel=1e-12) == pytest.approx(times[5], rel=1e-12)
+
+
+def test_checkpointing_adds_one_forward_when_compute_bound() -> None:
+    s, c = spec("qwen2.5-0.5b"), parse_cluster("1xA100-80G")
+    w = Workload(prompts_per_step=64, mini_batch_prompts=64, n=4, prompt_len_tokens=512, response_len_tokens=512, use_kl_loss=False)
+    on = T.update_time_s(s, c, w, Knobs(gradient_checkpointing=True), "grpo-pilot")
+    off = T.update_time_s(s, c, w, Knobs(gradient_checkpointing=False), "grpo-pilot")
+    adam = s.num_params * T.ADAM_BYTES_PER_PARAM / 2039e9
+    # compute part scales 4/3 (6P+2P vs 6P); the optimizer step (one mini-batch) does not.
+    assert (on - adam) / (off - adam) == pytest.approx(4 / 3, rel=1e-9)
+
+
+def test_weight_sync_colocated_by_hand() -> None:
+    """Ring all-gather of 2P bytes over 8 GPUs at link × efficiency, plus the vLLM load at HBM speed."""
+    s, c = spec("qwen2.5-7b"), parse_cluster("8xA100-80G")
+    k = Knobs(rollout_tp=2)
+    weights = 2 * s.num_params
+    expected = weights * 7 / 8 / (300e9 * T.LINK_EFFICIENCY) + weights / 2 / 2039e9
+    assert T.weight_sync_time_s(s, c, k) == pytest.approx(expected, rel=1e-12)
+    assert T.weight_sync_time_s(s, c, k.model_copy(update={"rollout_backend": "hf"})) == 0.0
+
+
+def test_decode_is_bounded_below_by_the_longest_response() -> None:
+    """Even one sequence needs response_len decode steps, each reading all weights once."""
+    s, c = spec("qwen2.5-7b"), parse_cluster("1xH100")
+    w = Workload(prompts_per_step=1, mini_batch_prompts=1, n=1, prompt_len_tokens=16, response_len_tokens=2048)
+    k = Knobs(rollout_tp=1)
+    floor = 2048 * 2 * s.num_params / (3350e9 * T.DECODE_HBM_EFFICIENCY)
+    t = T.rollout_time_s(s, c, w, k, max_concurrent_seqs=64)
+    assert floor < t < 1.2 * floor
+
+
+def test_fewer_concurrent_sequences_means_more_waves() -> None:
+    s, c = spec("qwen2.5-7b"), parse_cluster("8xA100-80G")
+    w, k = Workload(), Knobs()
+    times = [T.rollout_time_s(s, c, w, k, max_concurrent_seqs=m) for m in (1024, 256, 64, 16)]
+    assert times == sorted(times) and times[-1] > 3 * times[0]
+
+
+def test_step_time_monotone_in_workload() -> None:
+    s, c, k = spec("qwen3-8b"), parse_cluster("8xH100"), Knobs()
+    base = estimate_time(s, c, Workload(), k).step_s
+    assert estimate_time(s, c, Workload(response_len_tokens=2048), k).step_s > base
+    assert estimate_time(s, c, Workload(n=8), k).step_s > base
+    assert estimate_time(s, c, Workload(ppo_epochs=2), k).step_s > base
+    assert estimate_time(s, c, Workload(use_kl_loss=False), k).step_s < base
+
+
+def test_report_consistency() -> None:
+    s, c, w = spec("qwen3-8b"), parse_cluster("8xH100"), Workload()
+    r = estimate_time(s, c, w, Knobs())
+    assert r.step_s == pytest.approx(sum(r.phases_s.values()))
+    assert r.tokens_per_s == pytest.approx(w.responses_per_step * w.seq_len_tokens / r.step_s)
+    assert 0.0 < r.mfu < 1.0
+    flops = T.model_flops_per_step(s, w, "grpo-pilot")
+    assert r.mfu == pytest.approx(flops / (989e12 * 8 * r.step_s))
+
+
+def test_offload_costs_time_and_verl_loads_once_per_phase() -> None:
+    s, c = spec("qwen3-8b"), parse_cluster("8xH100")
+    w = Workload()
+    plain = T.update_time_s(s, c, w, Knobs(), "verl")
+    verl_off = T.update_time_s(s, c, w, Knobs(param_offload=True, optimizer_offload=True), "verl")
+    shard = s.num_params / 8
+    host = 64e9 * T.HOST_LINK_EFFICIENCY  # H100: PCIe 5.0 x16
+    # verl: params (fp32) and Adam m+v (2 × fp32) each cross PCIe twice, once per update phase.
+    assert verl_off - plain == pytest.approx((2 * 4 + 2 * 8) * shard / host, rel=1e-9)
+    ours_off = T.update_time_s(s, c, w, Knobs(param_offload=True, optimizer_offload=True), "grpo-pilot")
+    assert ours_off > T.update_time_s(s, c, w, Knobs(), "grpo-pilot")
+
+
+def test_trl_skips_old_logprob_only_for_one_on_policy_update() -> None:
+    s, c = spec("qwen2.5-1.5b"), parse_cluster("8xH100")
+    one_update = Workload(prompts_per_step=256, mini_batch_prompts=256, use_kl_loss=False)
+    assert T.log_prob_time_s(s, c, one_update, Knobs(), "trl") == 0.0
+    assert T.log_prob_time_s(s, c, one_update, Knobs(), "verl") > 0.0
+    two_updates = Workload(prompts_per_step=256, mini_batch_prompts=128, use_kl_loss=False)
+    assert T.log_prob_time_s(s, c, two_updates, Knobs(), "trl") > 0.0
+    with_ref = one_update.model_copy(update={"use_kl_loss": True})
+    assert T.log_prob_time_s(s, c, with_ref, Knobs(), "trl") > 0.0
+
+
+def test_eager_and_hf_rollout_are_slower() -> None:
+    s, c, w = spec("qwen2.5-7b"), parse_cluster("8xA100-80G"), Workload()
+    graphs = T.rollout_time_s(s, c, w, Knobs(), 256)
+    eager = T.rollout_time_s(s, c, w, Knobs(enforce_eager=True), 256)
+    hf = T.rollout_time_s(s, c, w, Knobs(rollout_backend="hf"), 256)
+    assert graphs < eager < hf
+
+
+def test_split_placement_halves_each_pool() -> None:
+    c = parse_cluster("2x8xH100")
+    assert T.pools(c, Knobs()) == (16, 16)
+    assert T.pools(c, Knobs(placement="split")) == (8, 8)
+    assert T.pools(c, Knobs(placement="split", split_rollout_gpus_per_node=2)) == (4, 12)
+
+
+def test_token_budget_semantics_follow_the_target() -> None:
+    """verl multiplies the per-GPU budget by SP; our engine does not: fewer sequences per micro-batch."""
+    assert T._seqs_per_token_budget(4096, 2, 1024, "verl") == 8
+    assert T._seqs_per_token_budget(4096, 2, 1024, "grpo-pilot") == 4
+    assert T._seqs_per_token_budget(100, 1, 1024, "grpo-pilot") == 1  # at least one whole sequence
+
+
+def test_kv_heads_replicate_beyond_tp() -> None:
+    s = spec("qwen2.5-7b")  # 4 kv heads
+    assert T.kv_bytes_per_token_per_gpu(s, 8) == T.kv_bytes_per_token_per_gpu(s, 4) == 2 * s.num_layers * 1 * s.head_dim * 2
+    assert T.kv_bytes_per_token_per_gpu(s, 1) == 2 * s.num_layers * 4 * s.head_dim * 2
+
+
+def test_multi_node_collectives_run_at_nic_speed() -> None:
+    h100 = parse_cluster("8xH100").gpu
+    assert T.collective_bytes_per_s(h100, spans_nodes=True) == pytest.approx(T.INTER_NODE_BYTES_PER_S * T.LINK_EFFICIENCY)
+    assert T.collective_bytes_per_s(h100, spans_nodes=False) == pytest.approx(450e9 * T.LINK_EFFICIENCY)
+    assert math.isclose(T.host_link_bytes_per_s(parse_cluster("8xA100-80G").gpu), 32e9 * T.HOST_LINK_EFFICIENCY)

@@ -1,0 +1,179 @@
+"""`grpo-plan` end to end: the JSON contract, the tables, every bad input, exports, exit statuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from grpo_pilot.cli_plan import app, parse_pins
+from grpo_pilot.errors import InputError
+from grpo_pilot.planner.config import KNOB_KEYS, PHASES
+from grpo_pilot.planner.plan import load_plan
+
+runner = CliRunner()
+FAST = ["--trials", "20"]
+CONTRACT = ("schema_version", "fits", "knobs", "peak_gpu_bytes", "usable_gpu_bytes", "predicted_step_s", "phases")
+# every searched knob pinned (qwen2.5-7b on 8xH100 fits with these)
+ALL_PINS = ["rollout_tp=2", "gpu_memory_utilization=0.6", "micro_batch_size_per_gpu=4", "log_prob_max_token_len_per_gpu=6144",
+            "param_offload=false", "optimizer_offload=false", "ref_param_offload=true", "gradient_checkpointing=true",
+            "fused_logprob=false", "enforce_eager=false", "ulysses_sp=1"]
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def pins(values: list[str]) -> list[str]:
+    return [x for v in values for x in ("--pin", v)]
+
+
+def test_json_contract() -> None:
+    r = run("--model", "qwen-7b", "--gpus", "8xH100", "--json", *FAST)
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(r.stdout)  # only the plan JSON on stdout
+    for key in CONTRACT:
+        assert key in plan
+    assert plan["fits"] is True and plan["schema_version"] == 1
+    assert set(plan["phases"]) == set(PHASES)
+    for phase in plan["phases"].values():
+        assert set(phase) == {"total_bytes", "items"}
+        assert sum(phase["items"].values()) == phase["total_bytes"]
+    assert plan["peak_gpu_bytes"] == max(p["total_bytes"] for p in plan["phases"].values()) <= plan["usable_gpu_bytes"]
+    assert set(plan["knobs"]) == set(KNOB_KEYS)
+    assert plan["model"]["resolved"] == "qwen2.5-7b" and plan["provenance"]["search_trials"] >= 20
+
+
+def test_table_output_names_the_resolved_model_and_every_section() -> None:
+    r = run("--model", "qwen-32b", "--gpus", "8xA100-80G", *FAST)
+    assert r.exit_code == 0, r.stderr
+    out = r.stdout
+    assert "'qwen-32b' resolved to qwen3-32b (Qwen/Qwen3-32B)" in out
+    for title in ("knobs", "GPU memory per phase", "host RAM per node", "step time", "tokens/s", "MFU"):
+        assert title in out
+    assert "usable" in out and "FITS" in out
+
+
+def test_out_writes_a_loadable_plan(tmp_path: Path) -> None:
+    target = tmp_path / "plans" / "plan.json"
+    r = run("--model", "qwen-7b", "--gpus", "8xH100", "--out", str(target), "--no-kl", "--n", "8", "--prompts-per-step", "512", *FAST)
+    assert r.exit_code == 0, r.stderr
+    plan = load_plan(target)
+    assert plan.fits and not plan.workload.use_kl_loss and plan.workload.n == 8 and plan.workload.prompts_per_step == 512
+    assert [p.name for p in target.parent.iterdir()] == ["plan.json"]  # no temp file left behind
+
+
+def test_every_searched_knob_pinned_evaluates_exactly_that() -> None:
+    r = run("--model", "qwen-7b", "--gpus", "8xH100", "--json", *pins(ALL_PINS))
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["provenance"]["search_trials"] == 0
+    assert plan["knobs"]["rollout_tp"] == 2 and plan["knobs"]["gpu_memory_utilization"] == 0.6
+    assert plan["knobs"]["micro_batch_size_per_gpu"] == 4 and plan["knobs"]["max_token_len_per_gpu"] is None
+    assert plan["knobs"]["ref_param_offload"] is True and plan["knobs"]["log_prob_max_token_len_per_gpu"] == 6144
+
+
+def test_unknown_model_lists_closest_aliases() -> None:
+    r = run("--model", "qwen-33b", "--gpus", "8xA100-80G")
+    assert r.exit_code == 2
+    assert "Unknown model 'qwen-33b'" in r.stderr and "qwen-32b" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_malformed_gpus_lists_accepted_forms() -> None:
+    for bad in ("8A100", "8xZ100", "0xH100", "12xH100"):
+        r = run("--model", "qwen-7b", "--gpus", bad)
+        assert r.exit_code == 2, bad
+        assert "Accepted forms" in r.stderr or "explicitly" in r.stderr
+        assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("pin,expected", [
+    ("foo=1", "not KEY=VALUE with a known knob key"),
+    ("rollout_tp", "not KEY=VALUE"),
+    ("rollout_tp=abc", "--pin rollout_tp=abc"),
+    ("gpu_memory_utilization=1.5", "--pin gpu_memory_utilization=1.5"),
+    ("placement=sideways", "--pin placement=sideways"),
+])
+def test_bad_pins_are_usage_errors_listing_keys(pin: str, expected: str) -> None:
+    r = run("--model", "qwen-7b", "--gpus", "8xH100", "--pin", pin)
+    assert r.exit_code == 2
+    assert expected in r.stderr and "Knob keys: rollout_tp" in r.stderr
+
+
+def test_parse_pins_coerces_types() -> None:
+    got = parse_pins(["param_offload=yes", "max_token_len_per_gpu=none", "gpu_memory_utilization=0.7", "placement=split", "ulysses-sp=2"])
+    assert got == {"param_offload": True, "max_token_len_per_gpu": None, "gpu_memory_utilization": 0.7, "placement": "split", "ulysses_sp": 2}
+    with pytest.raises(InputError):
+        parse_pins(["rollout_tp=0"])
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--gpus", "8xH100"], "--model is required"),
+    (["--model", "qwen-7b"], "--gpus is required"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--target", "deepspeed"], "Unknown --target"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--emit", "axolotl"], "Unknown --emit"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--emit", "verl", "--json"], "--emit and --json"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--mini-batch", "2048"], "exceeds prompts_per_step"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--host-ram", "lots"], "Cannot read the size"),
+])
+def test_usage_errors_exit_2(args: list[str], expected: str) -> None:
+    r = run(*args)
+    assert r.exit_code == 2
+    assert expected in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_typer_level_usage_errors_exit_2() -> None:
+    assert run("--model", "qwen-7b", "--gpus", "8xH100", "--n", "0").exit_code == 2
+    assert run("--model", "qwen-7b", "--gpus", "8xH100", "--bogus").exit_code == 2
+
+
+def test_nothing_fits_exits_3_with_binding_and_suggestions(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    r = run("--model", "llama-70b", "--gpus", "1xA100-80G", "--out", str(out), *FAST)
+    assert r.exit_code == 3
+    assert "Nothing fits for llama-3.1-70b on 1xA100-80G" in r.stderr and "Binding constraint" in r.stderr
+    assert "Suggestion: fewest A100-80G GPUs that fit: 16" in r.stderr
+    assert "No plan file was written" in r.stderr and not out.exists()
+    assert "DOES NOT FIT" in r.stdout
+
+
+def test_pinned_config_that_does_not_fit_still_prints_json() -> None:
+    r = run("--model", "qwen-32b", "--gpus", "8xA100-80G", "--json", *pins([p.replace("ref_param_offload=true", "ref_param_offload=false") for p in ALL_PINS]))
+    assert r.exit_code == 3
+    plan = json.loads(r.stdout)
+    assert plan["fits"] is False and plan["violations"] and plan["suggestions"]
+    assert plan["provenance"]["search_trials"] == 0
+    assert "The pinned configuration does not fit" in r.stderr and "turning on param_offload" in r.stderr
+
+
+def test_emit_verl_and_trl() -> None:
+    verl = run("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "verl", *FAST)
+    assert verl.exit_code == 0
+    assert "python3 -m verl.trainer.main_ppo \\" in verl.stdout and "actor_rollout_ref.rollout.n=5" in verl.stdout
+    assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B" in verl.stdout
+    trl = run("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "trl", *FAST)
+    assert trl.exit_code == 0 and "GRPOConfig(" in trl.stdout and "num_generations=5," in trl.stdout
+
+
+def test_list_models() -> None:
+    r = run("--list-models")
+    assert r.exit_code == 0
+    assert "qwen-32b" in r.stdout and "qwen3-32b" in r.stdout and "llama-3.1-70b" in r.stdout
+
+
+def test_installed_entry_point_runs_as_a_process() -> None:
+    exe = Path(sys.executable).with_name("grpo-plan")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from grpo_pilot.cli import plan_entry; plan_entry()"]
+    proc = subprocess.run(cmd + ["--model", "qwen-32b", "--gpus", "8xA100-80G", "--json"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "120"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["fits"] is True
+    bad = subprocess.run(cmd + ["--model", "nope", "--gpus", "8xA100-80G"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: Unknown model 'nope'") and "Traceback" not in bad.stderr
