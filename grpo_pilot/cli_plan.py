@@ -66,13 +66,35 @@ def _gib(n: int | float) -> str:
     return f"{n / GiB:.2f}"
 
 
+def _mem_unit(largest_bytes: int) -> tuple[str, int]:
+    """GiB for real models; MiB when every number of a table is below 1 GiB (tiny CPU models)."""
+    return ("GiB", GiB) if largest_bytes >= GiB else ("MiB", 1 << 20)
+
+
+def _in(n: int | float, unit: tuple[str, int]) -> str:
+    return f"{n / unit[1]:,.2f}"
+
+
+def _count(n: int) -> str:
+    """Parameter count with a readable suffix (32.76B, 494.03M, 138.18K)."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return str(n)
+
+
+def _secs(s: float) -> str:
+    """Seconds with enough digits to be read at any scale."""
+    return f"{s:,.0f}" if s >= 100 else f"{s:.2f}" if s >= 1 else f"{s:.4f}"
+
+
 def list_models(console: Console) -> None:
     table = Table(title="bundled models (grpo-plan --model NAME, or a path to an HF config.json)")
     for col in ("name", "resolves to", "hub id", "params"):
         table.add_column(col)
     for name in all_aliases():
         r = resolve_model(name)
-        table.add_row(name, r.resolved if name in SHORT_ALIASES else "", r.hub_id or "", f"{r.spec.num_params / 1e9:.2f}B")
+        table.add_row(name, r.resolved if name in SHORT_ALIASES else "", r.hub_id or "", _count(r.spec.num_params))
     console.print(table)
 
 
@@ -80,7 +102,7 @@ def render(plan: Plan, console: Console, pins: dict[str, Any]) -> None:
     """The human view: header, knobs, memory by phase and item, host RAM, step time."""
     m, c = plan.model, plan.cluster
     alias = f"'{m.requested}' resolved to {m.resolved}" + (f" ({m.hub_id})" if m.hub_id else "")
-    console.print(f"[bold]{alias}[/bold], {m.spec.num_params / 1e9:.2f}B params · {c.label()} "
+    console.print(f"[bold]{alias}[/bold], {_count(m.spec.num_params)} params · {c.label()} "
                   f"({c.world_size} × {c.gpu.name}, {_gib(c.gpu.memory_bytes)} GiB each, {_gib(plan.usable_gpu_bytes)} GiB usable) · "
                   f"target {plan.target}")
     w = plan.workload
@@ -103,7 +125,8 @@ def render(plan: Plan, console: Console, pins: dict[str, Any]) -> None:
         knobs.add_row(key, str(value), str(default), source)
     console.print(knobs)
 
-    mem = Table(title="GPU memory per phase (GiB, one GPU)")
+    unit = _mem_unit(max(plan.phases[ph].total_bytes for ph in PHASES))
+    mem = Table(title=f"{'CPU' if c.gpu.is_cpu else 'GPU'} memory per phase ({unit[0]}, one {'process' if c.gpu.is_cpu else 'GPU'})")
     mem.add_column("item")
     for phase in PHASES:
         mem.add_column(phase, justify="right")
@@ -113,20 +136,22 @@ def render(plan: Plan, console: Console, pins: dict[str, Any]) -> None:
     for name in sorted(names, key=lambda n: (n.startswith("overhead_"), names.index(n))):
         cells = [plan.phases[ph].items.get(name) for ph in PHASES]
         if any(cells):
-            mem.add_row(name, *[_gib(v) if v else "" for v in cells])
+            mem.add_row(name, *[_in(v, unit) if v else "" for v in cells])
     mem.add_section()
-    mem.add_row("[bold]total[/bold]", *[f"[bold]{_gib(plan.phases[ph].total_bytes)}[/bold]" for ph in PHASES])
-    mem.add_row("usable", *[_gib(plan.usable_gpu_bytes)] * len(PHASES))
+    mem.add_row("[bold]total[/bold]", *[f"[bold]{_in(plan.phases[ph].total_bytes, unit)}[/bold]" for ph in PHASES])
+    mem.add_row("usable", *[_in(plan.usable_gpu_bytes, unit)] * len(PHASES))
     mem.add_row("share of usable", *[f"{plan.phases[ph].total_bytes / plan.usable_gpu_bytes:.0%}" for ph in PHASES])
     console.print(mem)
 
-    host = Table(title=f"host RAM per node (GiB, of {_gib(plan.host_ram_bytes_per_node)})")
+    host_unit = _mem_unit(plan.host.total_bytes)
+    host = Table(title=f"host RAM per node ({host_unit[0]}, of {_gib(plan.host_ram_bytes_per_node)} GiB)")
     host.add_column("item")
-    host.add_column("GiB", justify="right")
+    host.add_column(host_unit[0], justify="right")
     for name, value in plan.host.items.items():
-        host.add_row(name, _gib(value))
+        if value:
+            host.add_row(name, _in(value, host_unit))
     host.add_section()
-    host.add_row("[bold]total[/bold]", f"[bold]{_gib(plan.host.total_bytes)}[/bold]")
+    host.add_row("[bold]total[/bold]", f"[bold]{_in(plan.host.total_bytes, host_unit)}[/bold]")
     console.print(host)
 
     time = Table(title="step time (roofline)")
@@ -135,9 +160,9 @@ def render(plan: Plan, console: Console, pins: dict[str, Any]) -> None:
     time.add_column("share", justify="right")
     for phase in PHASES:
         s = plan.phase_times_s[phase]
-        time.add_row(phase, f"{s:,.1f}", f"{s / plan.predicted_step_s:.0%}" if plan.predicted_step_s else "")
+        time.add_row(phase, _secs(s), f"{s / plan.predicted_step_s:.0%}" if plan.predicted_step_s else "")
     time.add_section()
-    time.add_row("[bold]step[/bold]", f"[bold]{plan.predicted_step_s:,.1f}[/bold]", "")
+    time.add_row("[bold]step[/bold]", f"[bold]{_secs(plan.predicted_step_s)}[/bold]", "")
     console.print(time)
     console.print(f"throughput {plan.tokens_per_s:,.0f} tokens/s (cluster) · MFU {plan.mfu:.1%} · "
                   f"KV cache {plan.kv_cache_tokens_per_gpu:,} tokens/GPU · {plan.max_concurrent_seqs} concurrent sequences per replica")

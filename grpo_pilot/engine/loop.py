@@ -240,8 +240,8 @@ def run(plan: Plan, config: RunConfig, *, plan_path: str | Path | None = None, q
     notes = tuple(f"knob {k} is not applied by the single-process engine" for k in eng.actor.unapplied_knobs)
     if eng.rollout.name != plan.knobs.rollout_backend:
         notes += (f"rollout backend '{eng.rollout.name}' is not the plan's '{plan.knobs.rollout_backend}': predictions assume the plan's",)
-    if -(-eng.prompts_per_step // eng.mini_batch_prompts) * eng.ppo_epochs == 1 and eng.loss.kl_coef == 0:
-        notes += ("log_prob: on-policy run (1 mini-batch x 1 epoch, no KL): no old-policy or reference pass runs; the plan counts verl's old-log-prob pass",)
+    if -(-eng.prompts_per_step // eng.mini_batch_prompts) * eng.ppo_epochs == 1 and eng.loss.kl_coef == 0 and plan.target == "verl":
+        notes += ("log_prob: on-policy run (1 mini-batch x 1 epoch, no KL): no old-policy or reference pass runs here; the plan (target verl) counts verl's old-log-prob pass",)
     if done and len(done) == 1:
         notes += ("only one step ran in this process: its numbers include warm-up",)
     profile = build_profile(plan, done, device=str(eng.actor.device), memory_source=eng.profiler.memory_source,

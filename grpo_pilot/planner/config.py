@@ -76,3 +76,15 @@ class Knobs(Frozen):
 
 
 KNOB_KEYS: tuple[str, ...] = tuple(Knobs.model_fields)
+
+
+def old_logprob_pass_needed(workload: Workload, target: Target) -> bool:
+    """Whether the executor runs an old-policy log-prob pass before the update.
+
+    verl always recomputes old log-probs (`compute_log_prob` in its PPO loop). TRL
+    (`GRPOTrainer._generate_and_score_completions`) and our engine (`engine/loop.py`) skip it when the
+    step is one on-policy update — one mini-batch, one epoch — where the ratio is 1 by construction.
+    """
+    if target == "verl":
+        return True
+    return workload.ppo_epochs > 1 or workload.prompts_per_step > workload.mini_batch_prompts

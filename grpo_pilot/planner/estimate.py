@@ -31,7 +31,7 @@ GPU for log-prob and update, and whichever side of the transfer is larger for we
 from __future__ import annotations
 
 from grpo_pilot.hardware.cluster import Cluster
-from grpo_pilot.planner.config import Knobs, Target, Workload
+from grpo_pilot.planner.config import Knobs, Target, Workload, old_logprob_pass_needed
 from grpo_pilot.planner.memory.activations import (
     attention_mask_bytes,
     boolean_mask_bytes,
@@ -218,11 +218,11 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
         )
         return _finish({**resident("log_prob", ref_pass), **work}, leftovers, trainer_oh, frag, is_cpu)
 
-    lp_items = lp_pass(False)
-    if has_ref:
-        ref_items = lp_pass(True)
-        if sum(ref_items.values()) > sum(lp_items.values()):
-            lp_items = ref_items
+    passes = ([lp_pass(False)] if old_logprob_pass_needed(workload, target) else []) + ([lp_pass(True)] if has_ref else [])
+    if passes:
+        lp_items = max(passes, key=lambda items: sum(items.values()))
+    else:  # one on-policy update without KL: no pass runs, only what stays resident
+        lp_items = _finish(resident("log_prob", False), leftovers, trainer_oh, frag, is_cpu)
 
     # ---- update: the largest of the logits / layer-backward / root-reduce / optimizer moments -----
     if target == "grpo-pilot":  # the engine always reports entropy; it carries a gradient with a bonus

@@ -93,6 +93,9 @@ def _heads_ok(heads: int, kv: int, k: int) -> bool:
     return heads % k == 0 and (kv % k == 0 or k % kv == 0)
 
 
+CPU_MEANINGLESS_OFFLOADS = ("param_offload", "optimizer_offload", "ref_param_offload")
+
+
 def build_space(inputs: PlanInputs, pins: Mapping[str, Any] | None = None) -> SearchSpace:
     """The discrete space for these inputs, minus pinned knobs."""
     pins = dict(pins or {})
@@ -108,6 +111,8 @@ def build_space(inputs: PlanInputs, pins: Mapping[str, Any] | None = None) -> Se
     rollout_gpus, train_gpus = pools(cluster, base)
     choices: dict[str, tuple[Any, ...]] = {}
     vllm = base.rollout_backend == "vllm"
+    if not vllm and "rollout_tp" not in pins:
+        choices["rollout_tp"] = (1,)  # HF generate runs on the policy itself: no rollout TP
     if vllm and "rollout_tp" not in pins:
         tps = tuple(t for t in PARALLEL_CHOICES if t <= per_node and rollout_gpus % t == 0 and _heads_ok(heads, kv, t))
         choices["rollout_tp"] = tps or (1,)
@@ -125,8 +130,10 @@ def build_space(inputs: PlanInputs, pins: Mapping[str, Any] | None = None) -> Se
             continue
         if name == "ref_param_offload" and not workload.use_kl_loss:
             continue  # no reference model without the KL loss
-        if name == "enforce_eager" and not vllm:
-            continue
+        if name == "enforce_eager" and (not vllm or cluster.gpu.is_cpu):
+            continue  # CUDA graphs exist only for vLLM on a GPU
+        if cluster.gpu.is_cpu and name in CPU_MEANINGLESS_OFFLOADS:
+            continue  # on the cpu pseudo-device host RAM *is* device memory: offloading moves nothing
         choices[name] = (False, True)
     if "ulysses_sp" not in pins:
         sps = tuple(s for s in PARALLEL_CHOICES if s <= per_node and train_gpus % s == 0 and _heads_ok(heads, kv, s))

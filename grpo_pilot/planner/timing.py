@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.hardware.gpus import GB, GPUSpec
-from grpo_pilot.planner.config import Knobs, Target, Workload
+from grpo_pilot.planner.config import Knobs, Target, Workload, old_logprob_pass_needed
 from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
 from grpo_pilot.planner.memory.layout import layout_for
 from grpo_pilot.planner.memory.precision import precision_for
@@ -125,14 +125,6 @@ def attention_flops_per_token(spec: ModelSpec, context_tokens: float) -> float:
 def forward_flops_per_token(spec: ModelSpec, seq_tokens: int) -> float:
     """2·P_active plus causal attention (average context seq/2)."""
     return 2.0 * param_counts(spec)[1] + attention_flops_per_token(spec, seq_tokens / 2)
-
-
-def old_logprob_pass_needed(workload: Workload, target: Target) -> bool:
-    """verl and our engine always recompute old log-probs; TRL skips them when the step is one
-    on-policy update (`num_iterations == 1` and one optimizer step per generation batch)."""
-    if target == "trl":
-        return workload.ppo_epochs > 1 or workload.prompts_per_step > workload.mini_batch_prompts
-    return True
 
 
 def _ring_time_s(bytes_total: float, ranks: int, bw: float) -> float:

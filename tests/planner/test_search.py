@@ -146,3 +146,21 @@ def test_refinement_alone_climbs_from_verl_defaults(grid_best: float) -> None:
     refined, evaluations = refine(inp, space, [start])
     assert refined.fits and 0 < evaluations < space.size
     assert objective_value(refined) >= 0.98 * grid_best > objective_value(start)
+
+
+def test_cpu_space_has_no_offload_or_eager_knobs():
+    """On 1xcpu host RAM is the device: offloads and CUDA graphs are not choices."""
+    from grpo_pilot.hardware import parse_cluster
+    from grpo_pilot.planner.config import Workload
+    from grpo_pilot.planner.evaluate import PlanInputs, model_ref
+    from grpo_pilot.planner.search import build_space
+    from grpo_pilot.profiles import resolve_model
+
+    inputs = PlanInputs(model=model_ref(resolve_model("qwen2.5-0.5b")), cluster=parse_cluster("1xcpu"),
+                        workload=Workload(prompts_per_step=8, mini_batch_prompts=8, n=4, prompt_len_tokens=32, response_len_tokens=16))
+    space = build_space(inputs)
+    for name in ("param_offload", "optimizer_offload", "ref_param_offload", "enforce_eager"):
+        assert name not in space.choices
+    assert space.choices["rollout_tp"] == (1,)
+    gpu_space = build_space(inputs.model_copy(update={"cluster": parse_cluster("1xA100-80G")}))
+    assert {"param_offload", "optimizer_offload", "enforce_eager"} <= set(gpu_space.choices)
