@@ -194,7 +194,7 @@ def main(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Bundled alias (qwen-32b, llama-8b, ...), hub id of a bundled model, or a path to an HF config.json / model dir."),
     gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="Cluster: 8xA100-80G, 8xH100, 2x8xH100-80G, 16xH20, 1xcpu."),
     host_ram: Optional[str] = typer.Option(None, "--host-ram", help="Host RAM per node, e.g. 1TiB, 512GiB (default 1 TiB)."),
-    target: str = typer.Option("grpo-pilot", "--target", help="Executor the estimate models: grpo-pilot, verl or trl."),
+    target: Optional[str] = typer.Option(None, "--target", help="Executor the estimate models: grpo-pilot, verl or trl (default: the --emit framework, else grpo-pilot)."),
     prompts_per_step: int = typer.Option(1024, "--prompts-per-step", min=1, help="Prompts per step (verl data.train_batch_size)."),
     mini_batch: int = typer.Option(256, "--mini-batch", min=1, help="Prompts per PPO mini-batch (one optimizer step each)."),
     n: int = typer.Option(5, "--n", min=1, help="Responses per prompt (group size)."),
@@ -216,10 +216,11 @@ def main(
     if not model or not gpus:
         missing = " and ".join(f for f, v in (("--model", model), ("--gpus", gpus)) if not v)
         raise InputError(f"{missing} {'is' if ' and ' not in missing else 'are'} required.", "Example: grpo-plan --model qwen-32b --gpus 8xA100-80G (see --list-models, --help).")
-    if target not in TARGETS:
-        raise InputError(f"Unknown --target '{target}'.", f"Choose one of: {', '.join(TARGETS)}.")
     if emit is not None and emit not in EMITS:
         raise InputError(f"Unknown --emit '{emit}'.", f"Choose one of: {', '.join(EMITS)}.")
+    target = target or emit or "grpo-pilot"  # --emit verl plans for verl's memory behaviour unless told otherwise
+    if target not in TARGETS:
+        raise InputError(f"Unknown --target '{target}'.", f"Choose one of: {', '.join(TARGETS)}.")
     if emit and json_out:
         raise InputError("--emit and --json both want stdout.", "Use --json --out plan.json, then run again with --emit.")
     pins = parse_pins(pin)

@@ -160,6 +160,10 @@ def test_emit_verl_and_trl() -> None:
     assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B" in verl.stdout
     trl = run("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "trl", *FAST)
     assert trl.exit_code == 0 and "GRPOConfig(" in trl.stdout and "num_generations=5," in trl.stdout
+    # --emit picks the executor the estimate models unless --target says otherwise
+    assert "target verl" in verl.stdout and "target trl" in trl.stdout
+    ours = run("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "verl", "--target", "grpo-pilot", *FAST)
+    assert ours.exit_code == 0 and "target grpo-pilot" in ours.stdout
 
 
 def test_list_models() -> None:
