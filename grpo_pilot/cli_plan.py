@@ -21,7 +21,7 @@ from grpo_pilot.errors import InfeasibleError, InputError
 from grpo_pilot.hardware.cluster import parse_cluster, parse_size_bytes
 from grpo_pilot.hardware.gpus import GiB
 from grpo_pilot.planner.config import KNOB_KEYS, PHASES, Knobs, Workload
-from grpo_pilot.planner.plan import Plan, Provenance, save_plan
+from grpo_pilot.planner.plan import Plan, save_plan
 from grpo_pilot.planner.search import DEFAULT_TRIALS
 from grpo_pilot.profiles.catalog import SHORT_ALIASES, all_aliases, resolve_model
 
@@ -174,18 +174,13 @@ def render(plan: Plan, console: Console, pins: dict[str, Any]) -> None:
 
 def _plan(model: str, gpus: str, host_ram: Optional[str], target: str, workload: Workload, pins: dict[str, Any], trials: int, seed: int) -> Plan:
     """Resolve inputs, search, and return the plan (suggestions attached when it does not fit)."""
-    from grpo_pilot.planner.evaluate import PlanInputs, model_ref, to_plan
-    from grpo_pilot.planner.search import search
-    from grpo_pilot.planner.suggest import suggest
+    from grpo_pilot.planner.evaluate import PlanInputs, model_ref
+    from grpo_pilot.planner.make_plan import make_plan
 
     resolved = resolve_model(model)
     cluster = parse_cluster(gpus, parse_size_bytes(host_ram) if host_ram else None)
     inputs = PlanInputs(model=model_ref(resolved), cluster=cluster, workload=workload, target=target)  # type: ignore[arg-type]
-    result = search(inputs, pins=pins, trials=trials, seed=seed)
-    provenance = Provenance(calibration=inputs.calibration, search_trials=result.trials, search_seed=result.seed,
-                            feasible_trials=result.feasible_trials, refine_evaluations=result.refine_evaluations)
-    suggestions = () if result.best.fits else suggest(inputs, result.best, pins)
-    return to_plan(inputs, result.best, provenance=provenance, suggestions=suggestions)
+    return make_plan(inputs, pins=pins, trials=trials, seed=seed)
 
 
 @app.command()
