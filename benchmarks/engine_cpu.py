@@ -6,8 +6,9 @@
 Same everything on both sides: one tiny random Qwen2 (saved once, loaded by both), the character
 tokenizer, the same prompts (prompts_per_step of them per step, each sampled n times), the same max new
 tokens, temperature 1.0, top_p 1.0, no KL (no reference model), one PPO mini-batch and epoch (on-policy,
-so neither side runs an old-log-prob pass), AdamW, fp32 (TRL bf16=False), HF `generate` rollout (no
-vLLM), `torch.set_num_threads(1)`. Ours runs with `cpu_memory="rss"` (no per-op tensor tracker);
+so neither side runs an old-log-prob pass), AdamW, fp32 (TRL bf16=False), rollout on the HF policy
+module itself, no vLLM (TRL: `generate`; ours: the `hf` backend's own decode loop),
+`torch.set_num_threads(1)`. Ours runs with `cpu_memory="rss"` (no per-op tensor tracker);
 `--tensor-tracker` adds a column with the default tracker on, the cost of `grpo-run`'s CPU profiling.
 
 Timing: rounds alternate (ours, TRL, ours, TRL, ...) so drift of this shared machine hits both; each

@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/traced_vs_analytic.py --quick    # Qwen2.5-0.5B only
 
 Each case traces rank 0 of an 8-GPU FSDP2 run (bf16 compute, fp32 master/grads/Adam, foreach AdamW,
-two micro-batches per optimizer step) with the micro-batch our engine builds for the plan (one packed
-row, logits at the response positions, the entropy metric), and prints, per memory row, the analytic
+two micro-batches per optimizer step) with the micro-batch our engine builds for the plan (rows of full
+sequences, no mask, logits at the response positions, the entropy metric), and prints, per memory row, the analytic
 bytes (`estimate_memory(...).phases["update"]`, target grpo-pilot) beside the traced bytes at the traced
 peak. Items the trace cannot see (reference shard, vLLM leftovers, CUDA context / NCCL / fragmentation
 overheads) are listed separately.
@@ -42,7 +42,7 @@ def run_case(model: str, cluster_text: str, micro: int, prompt: int, response: i
 
 
 def print_case(c: TracedComparison, ckpt: bool, budget: int | None) -> None:
-    shape = f"{c.traced.micro_batch_seqs}x{c.traced.seq_len_tokens} packed in one row"
+    shape = f"{c.traced.micro_batch_seqs}x{c.traced.seq_len_tokens} " + ("packed in one row" if c.traced.packed else "rows")
     batching = f"dynamic {budget}: {shape}" if budget else shape
     print(f"\n{c.model_name} on {c.cluster_label}  micro-batch {batching} ({c.tokens_per_micro_batch} tokens)  "
           f"checkpointing {'on' if ckpt else 'off'}  traced in {c.traced.trace_s:.1f} s  (peak at {c.traced.peak_at})")

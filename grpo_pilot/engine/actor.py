@@ -7,15 +7,29 @@
 The same calls can later run on N workers (FSDP2 + Ray) with the samples sharded; nothing here
 assumes one process beyond `torch.nn.Module` ownership.
 
-Micro-batching (no compute on padding): every micro-batch is ONE packed row — the sequences
-(prompt + response) of the micro-batch concatenated, `position_ids` restarting at 0 for each and no
-attention mask, so transformers builds a block-diagonal causal mask from the position resets
-(`masking_utils.find_packed_sequence_indices`; flash-attention kernels use the same resets). With
-`max_token_len_per_gpu` (dynamic batching) sequences are binned first-fit-decreasing by length into
-micro-batches of at most that many tokens; otherwise `micro_batch_size_per_gpu` consecutive
-sequences form a micro-batch. Log-probs are only computed at the positions that predict response
-tokens (`logits_to_keep` with an index tensor, or chunked over those hidden states when the plan
-says `fused_logprob`).
+Micro-batch layout (`micro_batch_layout`), chosen from the model's attention implementation:
+- "padded" (SDPA / eager attention, the default; CPU and GPU): each micro-batch is one [k, W] batch of
+  its k sequences, RIGHT-padded to the longest of them (W = its length − 1, see below), no attention
+  mask and default position ids. Padding sits after every real token, so plain causal attention
+  (SDPA `is_causal`, no mask tensor at all) already keeps it out of every real position: the
+  log-probs are those of the sequence alone. What runs on padding: every layer's forward and
+  backward over the k·W − Σ(n_i − 1) pad positions (their outputs are never scored, so their
+  gradient is zero, but the FLOPs are spent). To keep that small, sequences are sorted by length
+  before they are grouped, so a micro-batch holds sequences of similar length; `update` reports the
+  share as `padding_frac`. A token budget bounds k × the longest length (what memory sees).
+  (Eager attention builds a [k, W, W] causal mask; SDPA and flash none.)
+- "packed" (flash-attention 2/3, which take variable-length sequences): every micro-batch is ONE
+  row — the sequences concatenated, `position_ids` restarting at 0 for each, no attention mask;
+  transformers' flash path turns the resets into varlen boundaries (`_is_packed_sequence`). No
+  padding at all. (With SDPA this layout would make transformers build a block-causal [T, T] mask
+  per layer — attention cost and memory quadratic in the micro-batch's tokens — hence "padded".)
+Either way a sequence's last token is not fed to the model (its output predicts nothing we score),
+and only the final hidden states at the positions that predict response tokens go through the LM
+head (plain, or chunked when the plan says `fused_logprob`). With `max_token_len_per_gpu` (dynamic
+batching) micro-batches hold at most that many tokens (padded: k·longest; packed: first-fit
+decreasing); otherwise `micro_batch_size_per_gpu` sequences (padded: length-sorted; packed:
+consecutive). A padded micro-batch is cut further where separate forwards save more padding than
+they cost (`micro_batches.split_by_padding`); `num_micro_batches` counts the forwards that ran.
 
 Gradient accumulation is exact: every micro-batch loss uses the mini-batch's token and sequence
 counts as denominators (`policy_loss(global_num_tokens=, global_num_seqs=)`), so the summed
@@ -38,6 +52,7 @@ from torch import Tensor
 from grpo_pilot.engine.algos.dapo import mask_truncated
 from grpo_pilot.engine.algos.logprobs import chunked_token_logprobs, entropy_from_logits, token_logprobs
 from grpo_pilot.engine.algos.policy_loss import policy_loss
+from grpo_pilot.engine.micro_batches import plan_micro_batches
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.memory.logits import FUSED_LOGPROB_CHUNK_TOKENS
@@ -73,29 +88,12 @@ class LossSettings(Frozen):
     mask_truncated: bool = False
 
 
-def plan_micro_batches(lengths: Sequence[int], *, max_tokens: int | None = None, max_seqs: int | None = None) -> list[list[int]]:
-    """Indices of `lengths` grouped into micro-batches.
+def micro_batch_layout(model: torch.nn.Module) -> str:
+    """'packed' when the model runs a flash-attention kernel (varlen from position-id resets), else 'padded'."""
+    from transformers.utils.generic import is_flash_attention_requested
 
-    `max_tokens`: first-fit decreasing by length (ties by index), each bin ≤ `max_tokens` tokens;
-    bins come out in creation order (longest first). Else `max_seqs` consecutive indices per bin.
-    """
-    if max_tokens is None:
-        step = max_seqs or max(1, len(lengths))
-        return [list(range(i, min(i + step, len(lengths)))) for i in range(0, len(lengths), step)]
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
-        if lengths[i] > max_tokens:
-            raise ValueError(f"sequence of {lengths[i]} tokens exceeds the micro-batch token budget {max_tokens}")
-        for b, free in enumerate(room):
-            if lengths[i] <= free:
-                bins[b].append(i)
-                room[b] -= lengths[i]
-                break
-        else:
-            bins.append([i])
-            room.append(max_tokens - lengths[i])
-    return bins
+    config = getattr(model, "config", None)
+    return "packed" if config is not None and is_flash_attention_requested(config) else "padded"
 
 
 def pad_rows(rows: Sequence[Tensor], width: int | None = None) -> Tensor:
@@ -139,40 +137,67 @@ class Actor:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _packed_logprobs(self, model: torch.nn.Module, samples: Sequence[Sample], *, with_entropy: bool,
-                         entropy_grad: bool = False) -> tuple[list[Tensor], list[Tensor] | None]:
-        """Per-sample response log-probs (and entropies) from one packed forward of `samples`.
+    def _scored_hidden(self, model: torch.nn.Module, samples: Sequence[Sample]) -> tuple[Tensor, Tensor, int]:
+        """Final hidden states [N, h] at the N = Σ r_i positions that predict response tokens, the target
+        ids [N] (sample-major), and the positions computed (k·W padded, Σ(n_i − 1) packed).
+
+        The logits at position t − 1 predict token t, so a sequence of n tokens feeds its first n − 1.
+        """
+        rows: list[int] = []
+        cols: list[int] = []
+        targets: list[int] = []
+        if micro_batch_layout(model) == "packed":
+            ids: list[int] = []
+            pos: list[int] = []
+            for s in samples:
+                n, p = s.num_tokens, len(s.prompt_ids)
+                cols.extend(range(len(ids) + p - 1, len(ids) + n - 1))
+                ids.extend((s.prompt_ids + s.response_ids)[:-1])
+                pos.extend(range(n - 1))
+                targets.extend(s.response_ids)
+            input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+            position_ids = torch.tensor([pos], dtype=torch.long, device=self.device)
+            out = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+            computed = len(ids)
+            hidden = out[0, torch.tensor(cols, dtype=torch.long, device=self.device)]
+        else:
+            width = max(s.num_tokens for s in samples) - 1
+            # right padding with id 0 (any valid id: causal attention keeps pads out of real positions)
+            batch = [list((s.prompt_ids + s.response_ids)[:-1]) for s in samples]
+            for b, (s, row) in enumerate(zip(samples, batch)):
+                p = len(s.prompt_ids)
+                rows.extend([b] * len(s.response_ids))
+                cols.extend(range(p - 1, s.num_tokens - 1))
+                targets.extend(s.response_ids)
+                row.extend([0] * (width - len(row)))
+            input_ids = torch.tensor(batch, dtype=torch.long, device=self.device)
+            out = model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+            computed = len(samples) * width
+            hidden = out[torch.tensor(rows, dtype=torch.long, device=self.device), torch.tensor(cols, dtype=torch.long, device=self.device)]
+        return hidden, torch.tensor(targets, dtype=torch.long, device=self.device), computed
+
+    def _micro_batch_logprobs(self, model: torch.nn.Module, samples: Sequence[Sample], *, with_entropy: bool,
+                              entropy_grad: bool = False) -> tuple[list[Tensor], list[Tensor] | None, int]:
+        """Per-sample response log-probs (and entropies) from one forward of the micro-batch `samples`,
+        in the layout of `micro_batch_layout(model)`; also the positions computed (padding included).
 
         Entropies carry a gradient only with `entropy_grad` (else they are a metric and keep no graph).
         """
-        ids, pos, keep, targets = [], [], [], []
-        offset = 0
-        for s in samples:
-            n, p = s.num_tokens, len(s.prompt_ids)
-            ids.extend(s.prompt_ids + s.response_ids)
-            pos.append(torch.arange(n))
-            keep.append(torch.arange(offset + p - 1, offset + n - 1))  # logits at t-1 predict token t
-            targets.extend(s.response_ids)
-            offset += n
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
-        position_ids = torch.cat(pos).unsqueeze(0).to(self.device)
-        keep_idx = torch.cat(keep).to(self.device)
-        target_ids = torch.tensor(targets, dtype=torch.long, device=self.device)
         entropy: Tensor | None = None
         with self._autocast():
+            hidden, target_ids, computed = self._scored_hidden(model, samples)
+            head = model.get_output_embeddings()
             if self.knobs.fused_logprob:
-                hidden = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state[0, keep_idx]
-                weight = model.get_output_embeddings().weight
-                logprobs, entropy = chunked_token_logprobs(hidden, weight.to(hidden.dtype), target_ids, temperature=self.temperature,
+                logprobs, entropy = chunked_token_logprobs(hidden, head.weight.to(hidden.dtype), target_ids, temperature=self.temperature,
                                                            chunk_tokens=FUSED_LOGPROB_CHUNK_TOKENS, with_entropy=with_entropy)
             else:
-                logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep_idx).logits[0]
+                logits = head(hidden)
                 logprobs = token_logprobs(logits, target_ids, temperature=self.temperature)
                 if with_entropy:
                     with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
                         entropy = entropy_from_logits(logits, temperature=self.temperature)
         sizes = [len(s.response_ids) for s in samples]
-        return list(logprobs.split(sizes)), (list(entropy.split(sizes)) if entropy is not None else None)
+        return list(logprobs.split(sizes)), (list(entropy.split(sizes)) if entropy is not None else None), computed
 
     @contextlib.contextmanager
     def _ref_on_device(self) -> Iterator[torch.nn.Module]:
@@ -191,16 +216,19 @@ class Actor:
     def log_probs(self, samples: Sequence[Sample], *, ref: bool = False) -> list[Tensor]:
         """Response log-probs [r_i] per sample under the current policy (or the reference); no grad.
 
-        Packed in micro-batches of at most `log_prob_max_token_len_per_gpu` tokens.
+        Micro-batches of at most `log_prob_max_token_len_per_gpu` tokens (padding included), in the
+        layout of `micro_batch_layout(model)`.
         """
         out: list[Tensor | None] = [None] * len(samples)
-        bins = plan_micro_batches([s.num_tokens for s in samples], max_tokens=self.knobs.log_prob_max_token_len_per_gpu)
         with (self._ref_on_device() if ref else contextlib.nullcontext(self.policy)) as model:
+            padded = micro_batch_layout(model) == "padded"
+            bins = plan_micro_batches([s.num_tokens for s in samples], max_tokens=self.knobs.log_prob_max_token_len_per_gpu,
+                                      padded=padded, split_padding=padded)
             was_training = model.training
             model.eval()
             try:
                 for b in bins:
-                    lps, _ = self._packed_logprobs(model, [samples[i] for i in b], with_entropy=False)
+                    lps, _, _ = self._micro_batch_logprobs(model, [samples[i] for i in b], with_entropy=False)
                     for i, lp in zip(b, lps):
                         out[i] = lp.float()
             finally:
@@ -215,17 +243,21 @@ class Actor:
         """
         self.policy.train()
         lengths = [s.num_tokens for s in samples]
+        padded = micro_batch_layout(self.policy) == "padded"
         bins = plan_micro_batches(lengths, max_tokens=self.knobs.max_token_len_per_gpu,
-                                  max_seqs=None if self.knobs.dynamic_batching else self.knobs.micro_batch_size_per_gpu)
+                                  max_seqs=None if self.knobs.dynamic_batching else self.knobs.micro_batch_size_per_gpu,
+                                  padded=padded, split_padding=padded)
         trained = [not (loss.mask_truncated and s.truncated) for s in samples]
         num_tokens = sum(len(s.response_ids) for s, t in zip(samples, trained) if t)
         sums: dict[str, float] = {}
         weighted: dict[str, float] = {}
         weight_total = 0.0
+        computed_total = 0
         for b in bins:
             mb = [samples[i] for i in b]
             # entropy is always reported; it carries a gradient only when entropy_coeff != 0
-            lps, ents = self._packed_logprobs(self.policy, mb, with_entropy=True, entropy_grad=loss.entropy_coeff != 0.0)
+            lps, ents, computed = self._micro_batch_logprobs(self.policy, mb, with_entropy=True, entropy_grad=loss.entropy_coeff != 0.0)
+            computed_total += computed
             width = max(len(s.response_ids) for s in mb)
             lp = pad_rows(lps, width)
             mask = pad_rows([torch.ones(len(s.response_ids), device=self.device) for s in mb], width)
@@ -256,7 +288,9 @@ class Actor:
         self.optimizer.zero_grad(set_to_none=True)
         out = dict(sums)
         out.update({k: v / weight_total for k, v in weighted.items()} if weight_total > 0 else {})
-        out.update(grad_norm=float(grad_norm), num_micro_batches=float(len(bins)), num_tokens=float(num_tokens))
+        fed = sum(lengths) - len(samples)  # each sequence's last token is not fed (see module docstring)
+        out.update(grad_norm=float(grad_norm), num_micro_batches=float(len(bins)), num_tokens=float(num_tokens),
+                   padding_frac=(computed_total - fed) / computed_total if computed_total else 0.0)
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------

@@ -173,9 +173,10 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
     t_lp = packed_tokens_per_rank(knobs.log_prob_max_token_len_per_gpu, seq, step_seqs, s, verl)
 
     def row(tokens: int) -> int:
-        """Tokens per attention row: our engine packs a micro-batch into one row, TRL pads rows of
-        `seq` tokens, verl's flash-attention varlen builds no mask (0) — activations module."""
-        return tokens if target == "grpo-pilot" else (seq if target == "trl" else 0)
+        """Tokens per masked attention row (0 = no mask tensor): TRL pads rows of `seq` tokens with a
+        padding mask; verl (flash-attention varlen) and our engine (right-padded rows under SDPA's
+        `is_causal`, or one varlen-packed row with flash-attention — engine/actor.py) build none."""
+        return seq if target == "trl" else 0
 
     def mask(tokens: int) -> int:
         return attention_mask_bytes(tokens, row(tokens), c)

@@ -66,7 +66,7 @@ class TracedMemory(Frozen):
     micro_batches_per_step: int = Field(ge=1, description="Micro-batches whose gradients accumulate before each optimizer step.")
     seq_len_tokens: int = Field(ge=1, description="Tokens per sequence (prompt + response).")
     scored_positions_per_seq: int = Field(ge=1, description="Positions per sequence whose logits are computed (logits_to_keep).")
-    packed: bool = Field(description="One packed row with per-sequence position ids (our engine) instead of [B, S] rows.")
+    packed: bool = Field(description="One packed row with per-sequence position ids (block-causal mask under SDPA) instead of [B, S] rows.")
     gradient_checkpointing: bool = Field(description="HF activation checkpointing on every decoder layer.")
     param_dtype: str = Field(description="Compute dtype of gathered parameters (MixedPrecisionPolicy.param_dtype).")
     master_dtype: str = Field(description="Dtype of the sharded master parameters, gradients and Adam states.")
@@ -169,8 +169,11 @@ def trace_update_step(
 
     Each step accumulates gradients over `micro_batches_per_step` micro-batches of `micro_batch_seqs` ×
     `seq_len_tokens` tokens, then takes one AdamW step. Layout: `packed=False` = a [B, S] batch with
-    no mask (SDPA causal, TRL-like without padding); `packed=True` = our engine's layout, ONE row of
-    B·S tokens with position ids restarting per sequence, so transformers builds a block-causal mask. With 2 or more, the second micro-batch's backward runs with every sharded
+    no mask (SDPA causal) — our engine's SDPA layout for full-length sequences (right-padded rows,
+    engine/actor.py) and TRL's without padding; `packed=True` = ONE row of B·S tokens with position
+    ids restarting per sequence, so transformers builds a block-causal mask (the cost of packing
+    without a varlen kernel; the engine packs only under flash-attention, which does not run on
+    cpu). With 2 or more, the second micro-batch's backward runs with every sharded
     gradient resident — the usual GRPO peak (a PPO mini-batch holds several micro-batches).
     `scored_positions_per_seq`: positions per sequence whose logits are computed (HF `logits_to_keep`,
     the last k of each sequence): None = every position (verl scores the whole packed row), the response length for our
@@ -357,10 +360,12 @@ def _unsupported(cluster: Any, knobs: Any, target: str) -> list[str]:
 def compare_with_analytic(spec: ModelSpec, cluster: Any, workload: Any, knobs: Any, *, target: str = "grpo-pilot") -> TracedComparison:
     """Trace the update micro-batch the plan implies and set it beside `estimate_memory(...)["update"]`.
 
-    The micro-batch is what our engine's actor builds: ONE packed row of `min(micro, sequences per rank)`
-    sequences of prompt + response tokens (dynamic batching: as many whole sequences as fit the token
-    budget), position ids restarting per sequence, logits kept at the response positions; the entropy
-    metric (or bonus) computed as the actor does. Sequences are all full length (the estimator's worst case).
+    The micro-batch is what our engine's actor builds under SDPA: `min(micro, sequences per rank)`
+    rows of prompt + response tokens (dynamic batching: as many whole sequences as fit the token
+    budget), no mask (causal), logits kept at the response positions; the entropy metric (or bonus)
+    computed as the actor does. Sequences are all full length (the estimator's worst case), so the
+    rows carry no padding; the actor also skips each sequence's last input token, one per row fewer
+    than traced here.
     """
     from grpo_pilot.planner.estimate import estimate_memory
     from grpo_pilot.planner.memory.layout import layout_for
@@ -373,7 +378,7 @@ def compare_with_analytic(spec: ModelSpec, cluster: Any, workload: Any, knobs: A
     seq = workload.seq_len_tokens
     mini_seqs = sequences_per_sp_group(workload.mini_batch_prompts * workload.n, layout.trainer_gpus, 1)
     if knobs.max_token_len_per_gpu is not None:
-        # the engine bins whole sequences first-fit into the budget: floor(T / seq) of them per micro-batch
+        # the engine's padded bins hold rows while rows x longest <= budget: floor(T / seq) full-length rows
         budget = packed_tokens_per_rank(knobs.max_token_len_per_gpu, seq, mini_seqs, 1, False)
         seqs = max(1, budget // seq)
     else:
@@ -382,7 +387,7 @@ def compare_with_analytic(spec: ModelSpec, cluster: Any, workload: Any, knobs: A
     traced = trace_update_step(
         spec, world_size=layout.trainer_gpus, micro_batch_seqs=seqs, seq_len_tokens=seq,
         gradient_checkpointing=knobs.gradient_checkpointing, entropy="loss" if workload.entropy_coeff > 0 else "metric",
-        micro_batches_per_step=micro_batches, scored_positions_per_seq=workload.response_len_tokens, packed=True,
+        micro_batches_per_step=micro_batches, scored_positions_per_seq=workload.response_len_tokens, packed=False,
     )
     items = estimate_memory(spec, cluster, workload, knobs, target=target).phases["update"].items  # type: ignore[arg-type]
     not_traced = {k: v for k, v in items.items() if k in NOT_TRACED or k.startswith(NOT_TRACED_PREFIXES)}

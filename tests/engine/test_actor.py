@@ -1,4 +1,5 @@
-"""Actor: token-budget packing, packed log-probs, exact gradient accumulation, fused path, reference model."""
+"""Actor: micro-batch planning (packed and padded), log-probs in both layouts, exact gradient
+accumulation, fused path, reference model."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import copy
 import pytest
 import torch
 
-from grpo_pilot.engine.actor import Actor, LossSettings, Sample, pad_rows, plan_micro_batches
+import grpo_pilot.engine.actor as actor_module
+from grpo_pilot.engine.actor import Actor, LossSettings, Sample, micro_batch_layout, pad_rows
+from grpo_pilot.engine.micro_batches import plan_micro_batches, split_by_padding
 from grpo_pilot.engine.model_factory import build_model
 from grpo_pilot.planner.config import Knobs
 
@@ -56,19 +59,83 @@ def test_plan_micro_batches_fixed_size_keeps_order():
     assert plan_micro_batches([5] * 7, max_seqs=3) == [[0, 1, 2], [3, 4, 5], [6]]
 
 
+def test_padded_plan_sorts_by_length_and_bounds_the_padded_rectangle():
+    lengths = [7, 3, 9, 1, 4, 4, 8, 2, 6]
+    bins = plan_micro_batches(lengths, max_tokens=16, padded=True)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    # longest first (9, 8, 7, 6, 4, 4, 3, 2, 1); a bin takes the next while (rows + 1) x its longest <= 16:
+    # [9] | [8, 7] (2x8) | [6, 4] (2x6; a third 4 would be 18) | [4, 3, 2, 1] (4x4)
+    assert bins == [[2], [6, 0], [8, 4], [5, 1, 7, 3]]
+    assert all(len(b) * lengths[b[0]] <= 16 for b in bins)
+    assert plan_micro_batches([5, 9, 5, 2, 9], max_seqs=2, padded=True) == [[1, 4], [0, 2], [3]]
+    with pytest.raises(ValueError, match="exceeds"):
+        plan_micro_batches([17], max_tokens=16, padded=True)
+
+
+def test_split_by_padding_cuts_only_where_it_saves_more_than_two_rows():
+    # one part: 6 rows x 10 = 60 + charge 2 x mean 6 = 72; [10,10,10] + [2,2,2]: 30 + 12 + 6 + 12 = 60
+    assert split_by_padding([0, 1, 2, 3, 4, 5], [10, 10, 10, 2, 2, 2]) == [[0, 1, 2], [3, 4, 5]]
+    # one part: 40 + 18.5 = 58.5 beats [10] + [9, 9, 9] = 10 + 27 + 2 x 18.5 = 74
+    assert split_by_padding([3, 0, 1, 2], [9, 9, 9, 10]) == [[3, 0, 1, 2]]
+    assert split_by_padding([4], [1, 1, 1, 1, 7]) == [[4]]
+    lengths = [40 - (i % 17) for i in range(40)]
+    order = sorted(range(40), key=lambda i: (-lengths[i], i))
+    parts = split_by_padding(order, lengths)
+    assert [i for part in parts for i in part] == order  # consecutive, nothing lost
+    assert sum(len(part) * lengths[part[0]] for part in parts) < 40 * 40
+    assert plan_micro_batches(lengths, padded=True, split_padding=True) == parts
+
+
 def test_pad_rows():
     out = pad_rows([torch.tensor([1.0, 2.0]), torch.tensor([3.0])], 3)
     assert out.tolist() == [[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]
 
 
+def test_layout_follows_the_attention_implementation():
+    model = build_model(TINY)
+    assert model.config._attn_implementation == "sdpa" and micro_batch_layout(model) == "padded"
+    model.config._attn_implementation = "flash_attention_2"  # varlen kernel: one packed row, no padding
+    assert micro_batch_layout(model) == "packed"
+
+
+@pytest.fixture(params=["padded", "packed"])
+def layout(request, monkeypatch):
+    """Run the actor in either layout; 'packed' on CPU SDPA is slow (block-causal mask) but exact."""
+    if request.param == "packed":
+        monkeypatch.setattr(actor_module, "micro_batch_layout", lambda model: "packed")
+    return request.param
+
+
 @pytest.mark.parametrize("fused", [False, True])
-def test_packed_logprobs_equal_one_sequence_at_a_time(fused):
+def test_logprobs_equal_one_sequence_at_a_time(layout, fused):
     actor = make_actor(Knobs(max_token_len_per_gpu=40, log_prob_max_token_len_per_gpu=40, fused_logprob=fused, gradient_checkpointing=False))
     samples = make_samples()
     got = actor.log_probs(samples)
     for s, lp in zip(samples, got):
         assert lp.shape == (len(s.response_ids),)
         torch.testing.assert_close(lp, reference_logprobs(actor.policy, s), atol=2e-5, rtol=0)
+
+
+def test_padded_rows_reach_attention_without_a_mask(monkeypatch):
+    """Right padding + plain causal attention: SDPA gets no mask tensor (is_causal), rows of the micro-batch's width."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    seen: list[tuple[tuple[int, ...], object, bool]] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, **kw):
+        seen.append((tuple(q.shape), attn_mask, is_causal))
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(sdpa.torch.nn.functional, "scaled_dot_product_attention", spy)
+    actor = make_actor(Knobs(micro_batch_size_per_gpu=4, gradient_checkpointing=False))
+    samples = make_samples(8, num=4)
+    m = actor.update(samples, torch.linspace(-1, 1, 4), LossSettings())
+    width = max(s.num_tokens for s in samples) - 1  # the last token is not fed
+    assert seen and all(mask is None and causal for _, mask, causal in seen)
+    assert {shape[0] for shape, _, _ in seen} == {4} and {shape[2] for shape, _, _ in seen} == {width}
+    fed = sum(s.num_tokens - 1 for s in samples)
+    assert m["num_micro_batches"] == 1.0 and m["padding_frac"] == pytest.approx((4 * width - fed) / (4 * width))
 
 
 def _update_once(knobs: Knobs, samples, adv, loss, **kw):
@@ -87,20 +154,27 @@ def _update_once(knobs: Knobs, samples, adv, loss, **kw):
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_gradient_accumulation_is_exact_across_micro_batch_layouts(mode):
+def test_gradient_accumulation_is_exact_across_micro_batch_layouts(mode, monkeypatch):
     samples = make_samples(1)
     adv = torch.linspace(-1.5, 2.0, len(samples))
     loss = LossSettings(loss_agg_mode=mode, loss_scale_len=10)
     one = dict(log_prob_max_token_len_per_gpu=4096, gradient_checkpointing=False)
-    _, g_whole, m_whole = _update_once(Knobs(max_token_len_per_gpu=4096, **one), samples, adv, loss)
+    _, g_split, m_split = _update_once(Knobs(max_token_len_per_gpu=4096, **one), samples, adv, loss)  # padded, cut by padding
     _, g_budget, m_budget = _update_once(Knobs(max_token_len_per_gpu=20, **one), samples, adv, loss)
     _, g_fixed, m_fixed = _update_once(Knobs(micro_batch_size_per_gpu=2, **one), samples, adv, loss)
-    assert m_whole["num_micro_batches"] == 1 and m_budget["num_micro_batches"] > 3 and m_fixed["num_micro_batches"] == 6
-    for m in (m_budget, m_fixed):
+    monkeypatch.setattr(actor_module, "micro_batch_layout", lambda model: "packed")
+    _, g_whole, m_whole = _update_once(Knobs(max_token_len_per_gpu=4096, **one), samples, adv, loss)  # ONE packed row
+    assert m_whole["num_micro_batches"] == 1 and m_whole["padding_frac"] == 0.0
+    assert m_split["num_micro_batches"] > 1 and m_budget["num_micro_batches"] > 3 and m_fixed["num_micro_batches"] == 6
+    width = max(s.num_tokens for s in samples) - 1
+    one_rectangle = 1 - sum(s.num_tokens - 1 for s in samples) / (len(samples) * width)
+    assert 0 < m_split["padding_frac"] < one_rectangle  # cutting the sorted bin saved padded positions
+    for m in (m_split, m_budget, m_fixed):
         assert m["grad_norm"] == pytest.approx(m_whole["grad_norm"], rel=1e-4)
         assert m["loss"] == pytest.approx(m_whole["loss"], abs=1e-6)
-    assert set(g_whole) == set(g_budget) == set(g_fixed) and g_whole
+    assert set(g_whole) == set(g_split) == set(g_budget) == set(g_fixed) and g_whole
     for name, g in g_whole.items():
+        torch.testing.assert_close(g_split[name], g, atol=1e-6, rtol=1e-4)
         torch.testing.assert_close(g_budget[name], g, atol=1e-6, rtol=1e-4)
         torch.testing.assert_close(g_fixed[name], g, atol=1e-6, rtol=1e-4)
 

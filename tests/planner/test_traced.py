@@ -116,7 +116,7 @@ def test_checkpointing_cuts_activations(traces) -> None:
 
 
 def test_packed_row_adds_the_block_causal_mask() -> None:
-    """Our engine's one-row packing makes transformers build a [T, T] mask per layer; [B, S] rows have none."""
+    """One-row packing under SDPA makes transformers build a [T, T] mask per layer; [B, S] rows (our engine's SDPA layout) have none."""
     torch.set_num_threads(1)
     kw = dict(world_size=2, micro_batch_seqs=4, seq_len_tokens=64, gradient_checkpointing=False, scored_positions_per_seq=48, micro_batches_per_step=1)
     rows = trace_update_step(TINY, **kw)
@@ -205,7 +205,7 @@ def test_analytic_states_equal_traced_states(comparisons) -> None:
     for comp in comparisons.values():
         rows = {r.row: r for r in comp.rows}
         assert comp.tokens_per_micro_batch == 2 * 512
-        assert comp.traced.world_size == 2 and comp.traced.scored_positions_per_seq == 384 and comp.traced.packed
+        assert comp.traced.world_size == 2 and comp.traced.scored_positions_per_seq == 384 and not comp.traced.packed
         for name in ("sharded params", "sharded grads", "Adam states"):
             a, t = rows[name].analytic_bytes, rows[name].traced_bytes
             assert abs(a - t) <= CUDA_MIN_BLOCK_BYTES * 3 * len(_param_shapes(TINY)), name

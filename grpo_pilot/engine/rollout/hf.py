@@ -1,19 +1,28 @@
-"""`hf` rollout: transformers `generate` on the policy module itself (any device, no second copy).
+"""`hf` rollout: the policy module itself generates (any device, no second copy of the weights).
 
 Because it samples from the very module the trainer updates, there are no weights to push:
 `sync_weights(model)` only switches to `model` when the caller hands over a different module object
 (e.g. after wrapping it), and is a no-op for the same object.
 
+Decoding: our own batched loop (`decode.decode_batch`: one prefill, then one forward per token with
+the model's KV cache, temperature / top-p sampling, per-row EOS and stop strings, early exit once
+every row is done) instead of transformers `generate`, whose per-token Python (logits processors,
+stopping criteria, mask rebuilding, multinomial) outweighed a tiny model's forward several times
+(benchmarks/engine_cpu.py). The module's own `generation_config` (e.g. a checkpoint's top_k or
+repetition_penalty) is never consulted: sampling is exactly what `SamplingConfig` says; its
+`eos_token_id` does end completions (`completion.eos_token_ids`).
+
 Batching: prompts are sorted by length (less padding), left-padded and generated in chunks of at
 most `max_num_seqs` rows; when `kv_cache_bytes` is given, a chunk also holds no more rows than
 fit that KV-cache budget at `max prompt + max_new_tokens` tokens each. Results come back in the
-caller's order. Sampling runs under a forked RNG seeded with `sampling.seed`, so the trainer's RNG
-stream is untouched and the same seed gives the same completions.
+caller's order. Sampling draws from a `torch.Generator` seeded with `sampling.seed`, so the
+trainer's RNG stream is untouched and the same seed gives the same completions.
 
-During `generate` the module is put in eval mode (transformers' `GradientCheckpointingLayer` only
-checkpoints when `self.training`, so checkpointing is off), the KV cache is on, and on CUDA the
-forward runs under bf16 autocast; train mode, `config.use_cache` and the module's own
-`generation_config` are restored afterwards.
+While decoding, the module is in eval mode (transformers' `GradientCheckpointingLayer` only
+checkpoints when `self.training`, so checkpointing is off) under `torch.no_grad` (not inference
+mode: buffers a forward may refresh must stay usable by autograd), and on CUDA the forward runs
+under bf16 autocast; train mode is restored afterwards and `config` is not touched (the KV cache is
+requested per call).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from typing import Any
 import torch
 
 from grpo_pilot.engine.rollout.completion import check_prompts, eos_token_ids, finish_completion, make_decoder
+from grpo_pilot.engine.rollout.decode import decode_batch
 from grpo_pilot.engine.rollout.protocol import Generation, SamplingConfig
 from grpo_pilot.errors import InputError, RunError
 
@@ -41,23 +51,21 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
 
 
 class _StopStringTail:
-    """Stopping criterion: a row is done once its last few generated tokens decode to a stop string.
+    """Stop check for `decode_batch`: a row is done once its last few generated tokens decode to a
+    string that contains a stop string.
 
-    Only the tail (longest stop string + 1 tokens) is decoded each step; the exact cut is made
-    afterwards by `finish_completion`, so this only saves compute.
+    Only the tail (longest stop string + 1 tokens, `window`) is decoded each step; the exact cut is
+    made afterwards by `finish_completion`, so this only saves compute.
     """
 
-    def __init__(self, stop: Sequence[str], prompt_width: int, tokenizer: Any) -> None:
+    def __init__(self, stop: Sequence[str], tokenizer: Any) -> None:
         self.stop = tuple(stop)
-        self.prompt_width = prompt_width
         self.window = max(len(s) for s in stop) + 1
         self.tokenizer = tokenizer
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        tails = input_ids[:, max(self.prompt_width, input_ids.shape[1] - self.window) :].tolist()
+    def __call__(self, tails: list[list[int]]) -> list[bool]:
         texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
-        done = [any(s in t for s in self.stop) for t in texts]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+        return [any(s in t for s in self.stop) for t in texts]
 
 
 class HFRollout:
@@ -91,10 +99,11 @@ class HFRollout:
         order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
         rows = self.rows_per_chunk(max(len(p) for p in prompt_ids) + sampling.max_new_tokens, device)
         raw: dict[int, list[int]] = {}
-        with self._generation_mode(model, device), _forked_rng(device, sampling.seed):
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        with self._generation_mode(model, device):
             for start in range(0, len(order), rows):
                 chunk = order[start : start + rows]
-                outs = self._generate_chunk(model, [prompt_ids[i] for i in chunk], sampling, device)
+                outs = self._generate_chunk(model, [prompt_ids[i] for i in chunk], sampling, generator)
                 raw.update(zip(chunk, outs))
         return [finish_completion(raw[i], eos_ids=self.eos_ids, sampling=sampling, decode=self._decode) for i in range(len(prompt_ids))]
 
@@ -131,63 +140,23 @@ class HFRollout:
             raise RunError("The hf rollout backend was closed.", "Build a new backend with build_rollout('hf', ...).")
         return self._model
 
-    def _generate_chunk(self, model: Any, prompts: list[list[int]], sampling: SamplingConfig, device: torch.device) -> list[list[int]]:
-        """Left-pad `prompts`, run one `model.generate`, return each row's generated ids (may include padding)."""
-        from transformers import GenerationConfig, StoppingCriteriaList
-
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[row, width - len(p) :] = 1
-        sample = not sampling.greedy
-        cfg = GenerationConfig(
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=sample,
-            temperature=sampling.temperature if sample else None,
-            top_p=sampling.top_p if sample else None,
-            top_k=0 if sample else None,  # transformers' global default is top_k=50; our sampling is temperature + top-p only
-            pad_token_id=self.pad_id,
-            eos_token_id=list(self.eos_ids),
-            use_cache=True,
+    def _generate_chunk(self, model: Any, prompts: list[list[int]], sampling: SamplingConfig, generator: torch.Generator) -> list[list[int]]:
+        """One `decode_batch` over `prompts`; each row's generated ids (may run past its end with padding)."""
+        stop = _StopStringTail(sampling.stop, self.tokenizer) if sampling.stop else None
+        return decode_batch(
+            model, prompts, max_new_tokens=sampling.max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+            temperature=0.0 if sampling.greedy else sampling.temperature, top_p=sampling.top_p, generator=generator,
+            stop=stop, stop_window=stop.window if stop is not None else None,
         )
-        criteria = StoppingCriteriaList([_StopStringTail(sampling.stop, width, self.tokenizer)]) if sampling.stop else None
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=cfg, stopping_criteria=criteria)
-        return out[:, width:].tolist()
 
     @contextlib.contextmanager
     def _generation_mode(self, model: Any, device: torch.device) -> Iterator[None]:
-        """Eval mode, KV cache on, neutral generation_config, no grad, bf16 autocast on CUDA; restore after."""
-        from transformers import GenerationConfig
-
+        """Eval mode, no grad, bf16 autocast on CUDA; train mode restored after."""
         was_training = model.training
-        config = getattr(model, "config", None)
-        old_use_cache = getattr(config, "use_cache", None)
-        old_gen_cfg = getattr(model, "generation_config", None)
         model.eval()
-        if config is not None:
-            config.use_cache = True
-        if old_gen_cfg is not None:
-            # A checkpoint's generation_config.json (e.g. top_k=20, repetition_penalty=1.05) would be
-            # merged into ours by transformers; the rollout must sample exactly as SamplingConfig says.
-            model.generation_config = GenerationConfig()
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
         try:
             with torch.no_grad(), autocast:
                 yield
         finally:
-            if old_gen_cfg is not None:
-                model.generation_config = old_gen_cfg
-            if config is not None:
-                config.use_cache = old_use_cache
             model.train(was_training)
-
-
-@contextlib.contextmanager
-def _forked_rng(device: torch.device, seed: int) -> Iterator[None]:
-    """Seed torch's RNG for sampling without disturbing the caller's stream."""
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield

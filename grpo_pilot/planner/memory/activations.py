@@ -18,9 +18,13 @@ expansion); for q_dim = h, kv_dim < h ours is 4·(h − h_kv) bytes larger. On t
 Attention mask: HF builds one boolean (block-)causal mask per forward (1 byte per element, B · S²
 for B rows of S tokens) and its SDPA path turns it into an additive mask in the compute dtype in
 every layer, which the layer keeps for backward: c · B · S² bytes per layer (traced: exactly 2·S
-bytes per token per layer at bf16, and S bytes per token once per forward). Our engine packs a
-micro-batch into ONE row (S = T); TRL pads [B, S] rows; verl runs flash-attention varlen on
-unpadded tokens and has no mask.
+bytes per token per layer at bf16, and S bytes per token once per forward). TRL pads [B, S] rows
+with a padding mask; verl runs flash-attention varlen on unpadded tokens and has no mask; our
+engine has none either: it right-pads length-sorted rows and runs SDPA with `is_causal` (no mask
+tensor; the padding's own activations are counted, since token budgets bound the padded rows), or
+packs one varlen row under flash-attention (engine/actor.py). Packing several sequences into one
+row under SDPA would cost a block-causal mask with S = the row's tokens (quadratic in the
+micro-batch) — the layout the engine avoids.
 
 With activation checkpointing each layer keeps only its input (c·h per token per layer) and one
 layer's full activations (and mask) live while it is recomputed in backward. The final hidden state

@@ -1,12 +1,16 @@
-"""Rollout with transformers `generate` on the policy itself (rollout_backend = "hf").
+"""Rollout on the policy itself (rollout_backend = "hf": engine/rollout/decode.py's loop).
 
 No second copy of the weights and no vLLM budget: the policy generates for a batch of
 B = min(max_num_seqs, responses this rank owns per step) sequences. Per GPU:
-- KV cache of the batch: B × (prompt + response) × 2·L·kv_dim·c (HF DynamicCache, no paging);
+- KV cache of the batch: B × (prompt + response) × 2·L·kv_dim·c (the Llama-family step's buffers,
+  allocated once; transformers' DynamicCache otherwise, no paging);
 - prefill working set: B × prompt tokens through one layer at a time (forward only, nothing saved),
-  per token as in `vllm_budget.forward_bytes_per_token` with t = 1;
-- sampling: generate keeps only the last position's logits (logits_to_keep = 1) and upcasts them to
-  fp32 before softmax: B × V × (c + 4 + 4) bytes (logits, fp32 copy, probabilities).
+  per token as in `vllm_budget.forward_bytes_per_token` with t = 1 — an upper bound: the engine
+  prefills each distinct prompt once (B / n rows for GRPO groups of n) and copies its cache to the
+  B rows;
+- sampling: only the last position's logits (logits_to_keep = 1), softmax in fp32:
+  B × V × (c + 4 + 4) bytes (logits, fp32 probabilities, their cumulative sum; top-p < 1 adds the
+  sort, not counted here).
 """
 
 from __future__ import annotations

@@ -1,0 +1,145 @@
+"""The lean decode loop: sampling rule, prefill sharing, early exit, and the Llama-family step vs transformers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import grpo_pilot.engine.rollout.decode as decode_module
+from grpo_pilot.engine.rollout.decode import decode_batch, left_pad, sample_next
+from grpo_pilot.engine.rollout.llama_step import LlamaDecodeStep, unsupported_reason
+
+VOCAB = 100
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [5, 6, 7, 8, 9], [20, 21, 22, 23, 24, 25, 26], [11, 12]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def tiny(model_type: str, *, attn: str = "sdpa", **extra: object) -> torch.nn.Module:
+    """2 layers, hidden 64, 4 query heads over 2 KV heads (GQA), random init with std 0.1 (decisive argmaxes)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=0.1, tie_word_embeddings=False,
+                               **extra)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
+
+
+def draws(logits: list[float], *, rows: int = 20000, seed: int = 0, **kw: float) -> torch.Tensor:
+    """Empirical frequencies of `rows` draws from the same logits row."""
+    g = torch.Generator().manual_seed(seed)
+    picked = sample_next(torch.tensor([logits] * rows), generator=g, **{"temperature": 1.0, "top_p": 1.0, **kw})
+    return torch.bincount(picked, minlength=len(logits)).float() / rows
+
+
+def test_sampling_follows_softmax_temperature_and_top_p() -> None:
+    p = [0.5, 0.3, 0.15, 0.05]
+    logits = [math.log(x) for x in p] + [-math.inf]
+    tol = 0.015  # 4+ binomial standard deviations at 20000 draws
+    torch.testing.assert_close(draws(logits), torch.tensor(p + [0.0]), atol=tol, rtol=0)
+    # temperature 2: p^(1/2), renormalised
+    hot = torch.tensor(p).sqrt()
+    torch.testing.assert_close(draws(logits, temperature=2.0), torch.cat([hot / hot.sum(), torch.zeros(1)]), atol=tol, rtol=0)
+    # top-p 0.7: kept while the mass before a token is < 0.7 -> {0.5, 0.3}, renormalised (transformers' TopPLogitsWarper rule)
+    torch.testing.assert_close(draws(logits, top_p=0.7), torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=tol, rtol=0)
+    # top-p 0.5: the mass before token 1 is exactly 0.5 -> only the most likely token remains
+    assert draws(logits, top_p=0.5).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    # greedy, and a one-hot row always gives its token
+    assert sample_next(torch.tensor([logits, [0.0, 9.0, 1.0, 0.0, 0.0]]), temperature=0.0, top_p=1.0, generator=None).tolist() == [0, 1]
+    assert draws([-math.inf, -math.inf, 3.0], rows=500).tolist() == [0.0, 0.0, 1.0]
+    # the caller's generator decides: same seed, same draws
+    assert torch.equal(draws(logits, rows=64, seed=3), draws(logits, rows=64, seed=3))
+
+
+def test_left_pad_right_aligns_prompts() -> None:
+    ids, real = left_pad([[1, 2, 3], [4]], 0, torch.device("cpu"))
+    assert ids.tolist() == [[1, 2, 3], [0, 0, 4]]
+    assert real.tolist() == [[True, True, True], [False, False, True]]
+
+
+def reference_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    """Full forward without cache or padding, argmax, n times."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def greedy(model: torch.nn.Module, prompts: list[list[int]], n: int = 6, eos: tuple[int, ...] = (1,)) -> list[list[int]]:
+    with torch.no_grad():
+        return decode_batch(model, prompts, max_new_tokens=n, eos_ids=eos, pad_id=0, temperature=0.0, top_p=1.0, generator=None)
+
+
+@pytest.mark.parametrize(("model_type", "extra"), [("qwen2", {}), ("qwen3", {}), ("llama", {"attention_bias": True, "mlp_bias": True})])
+def test_llama_family_step_matches_the_transformers_forward(model_type: str, extra: dict) -> None:
+    from transformers import DynamicCache
+
+    model = tiny(model_type, **extra)
+    assert unsupported_reason(model) is None
+    ids, real = left_pad(PROMPTS, 0, torch.device("cpu"))
+    positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+    rows = torch.arange(len(PROMPTS))
+    total = ids.shape[1] + 4
+    key_mask = torch.ones((len(PROMPTS), total), dtype=torch.bool)
+    key_mask[:, : ids.shape[1]] = real
+    with torch.no_grad():
+        caches = [DynamicCache(config=model.config) for _ in range(2)]
+        for cache in caches:
+            model(input_ids=ids, attention_mask=real.long(), position_ids=positions, past_key_values=cache, use_cache=True)
+        step = LlamaDecodeStep(model, caches[0], rows, total_len_tokens=total)
+        token, last = torch.tensor([3, 4, 5, 6, 7]), positions[:, -1:]
+        for t in range(1, 4):
+            last = last + 1
+            ours = step(token, last, key_mask[:, None, None, :])
+            theirs = model(input_ids=token[:, None], attention_mask=key_mask[:, : ids.shape[1] + t].long(), position_ids=last,
+                           past_key_values=caches[1], use_cache=True).logits[:, -1]
+            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+            token = theirs.argmax(-1)
+
+
+def test_unsupported_models_are_named_and_decode_the_same_through_their_own_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "eager" in str(unsupported_reason(tiny("qwen2", attn="eager")))
+    assert "sliding" in str(unsupported_reason(tiny("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0)))
+    assert "gpt2" in str(unsupported_reason(_gpt2()))
+    model = tiny("qwen2")
+    fast = greedy(model, PROMPTS)
+    assert fast == [reference_greedy(model, p, 6) for p in PROMPTS]
+    eager = tiny("qwen2", attn="eager")  # same seed, same weights; 2-D mask path of the loop
+    assert greedy(eager, PROMPTS) == fast
+    monkeypatch.setattr(decode_module, "unsupported_reason", lambda m: "forced")  # transformers' forward + DynamicCache
+    assert greedy(model, PROMPTS) == fast
+
+
+def _gpt2() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64))
+
+
+def test_shared_prefill_and_early_exit() -> None:
+    model = tiny("qwen2")
+    # duplicated prompts share one prefill row: every copy decodes as if alone
+    together = greedy(model, PROMPTS)
+    assert together[0] == together[2] and together[1] == together[4]
+    assert together == [greedy(model, [p])[0] for p in PROMPTS]
+    # every id ends a completion: one token per row, the loop stops after the first step
+    everything = tuple(range(VOCAB))
+    assert [len(r) for r in greedy(model, PROMPTS, n=6, eos=everything)] == [1] * len(PROMPTS)
+    # finished rows are padded while the others continue
+    first = [r[0] for r in together]
+    rows = greedy(model, PROMPTS, n=6, eos=(first[1],))
+    assert rows[1] == [first[1], 0, 0, 0, 0, 0] and rows[4] == rows[1]
+    for got, alone in zip(rows, together):
+        cut = alone.index(first[1]) + 1 if first[1] in alone else len(alone)
+        assert got == alone[:cut] + [0] * (len(alone) - cut)
