@@ -65,7 +65,7 @@ class Knobs(Frozen):
     enforce_eager: bool = Field(default=False, description="vLLM without CUDA graphs (saves graph memory, slower decode).")
     max_num_seqs: int = Field(default=1024, ge=1, description="vLLM concurrent sequences cap (verl RolloutConfig default).")
     max_num_batched_tokens: int = Field(default=8192, ge=1, description="vLLM tokens per scheduler step (prefill chunk).")
-    rollout_backend: RolloutBackendName = Field(default="vllm", description="Rollout engine the plan assumes: 'vllm' or 'hf' (transformers generate on the policy itself).")
+    rollout_backend: RolloutBackendName = Field(default="vllm", description="Rollout engine the plan assumes: 'vllm' or 'hf' (batched decode on the HF policy module itself, no second weight copy).")
     placement: Placement = Field(default="colocated", description="'colocated' (hybrid engine) or 'split' (separate rollout GPUs).")
     split_rollout_gpus_per_node: int = Field(default=0, ge=0, description="With placement='split': GPUs per node given to rollout (0 = half).")
 

@@ -1,6 +1,6 @@
 """Rollout backends behind one protocol (`RolloutBackend`), and `build_rollout` to pick one.
 
-- `hf`: transformers `generate` on the policy module itself (`hf.HFRollout`);
+- `hf`: our batched decode loop (`decode.py`, `llama_step.py`) on the policy module itself (`hf.HFRollout`);
 - `vllm`: an in-process vLLM V1 engine with weight sync from the policy (`vllm_backend.VLLMRollout`).
 
 vLLM is imported only when the `vllm` backend is built.
@@ -37,7 +37,7 @@ def build_rollout(
     `max_model_len` bounds prompt + completion tokens. `gpu_memory_utilization`,
     `max_num_batched_tokens`, `enforce_eager`, `seed` and `workdir` (where the policy directory
     vLLM starts from is written; a temp dir when None) only matter to `vllm`. `max_num_seqs` caps
-    concurrent sequences (hf: rows per generate call); `kv_cache_bytes` sizes the KV cache (vllm)
+    concurrent sequences (hf: rows per decode batch); `kv_cache_bytes` sizes the KV cache (vllm)
     or caps rows per call (hf). The `vllm` backend needs the caller's script to guard its entry
     point with `if __name__ == "__main__":`.
     """
