@@ -58,6 +58,19 @@ def test_bad_reward_spec(tmp_path):
     assert_input_error(result, "no_such_reward")
 
 
+def test_reward_needing_a_missing_field_stops_before_training(tmp_path, monkeypatch):
+    # the tiny prompt set has no "answer": exact_match cannot score it, and says so before the model is built
+    import grpo_pilot.engine.assemble as assemble
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the records were checked against the reward")
+
+    monkeypatch.setattr(assemble, "build_model", no_model)
+    result = invoke(PLAN, *GOOD, "--reward", "exact_match", "--out", str(tmp_path / "run"))
+    assert_input_error(result, "answer")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_missing_reward_setting(tmp_path):
     assert_input_error(invoke(PLAN, "--dataset", "examples/tiny/prompts.jsonl", "--out", str(tmp_path / "run")), "does not set 'reward'")
 

@@ -126,6 +126,7 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
     prompts = load_prompts(cfg.dataset, fmt=cfg.dataset_format, transform=cfg.transform, skip_invalid=cfg.skip_invalid)
     prompt_ids = tokenize_prompts(prompts, tokenizer, w.prompt_len_tokens)
     reward = build_reward(cfg.reward, tokenizer=tokenizer)
+    reward.check_records(prompts.records)  # e.g. exact_match needs an answer on every record: fail before training
 
     vocab = plan.model.spec.vocab_size
     policy = build_model(source, seed=cfg.seed, vocab_size=len(tokenizer) if len(tokenizer) > vocab else None)
