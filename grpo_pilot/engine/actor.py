@@ -125,7 +125,11 @@ class Actor:
             self.ref = ref.to("cpu") if knobs.ref_param_offload and device.type == "cuda" else ref
         if knobs.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        # cpu: the fused kernel (one vectorised in-place pass per tensor, no temporaries; ~3x faster than
+        # the default single-tensor loop for small models); GPU: torch's default (foreach), which
+        # planner/memory/optimizer.py models for both
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=lr, betas=betas, weight_decay=weight_decay,
+                                           fused=True if device.type == "cpu" else None)
         self.unapplied_knobs = tuple(
             name for name, on in (("param_offload", knobs.param_offload), ("optimizer_offload", knobs.optimizer_offload),
                                   (f"ulysses_sp={knobs.ulysses_sp}", knobs.ulysses_sp > 1)) if on

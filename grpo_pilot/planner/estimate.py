@@ -59,6 +59,7 @@ from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.reports import MemoryReport, PhaseMemory
 from grpo_pilot.profiles.spec import ModelSpec
 
+
 def _budget(model: ModelSpec, cluster: Cluster, knobs: Knobs, rollout_bytes: int, ov: Overheads) -> VllmBudget:
     return vllm_budget(
         cluster.gpu.memory_bytes, knobs.gpu_memory_utilization, model.num_params, knobs.rollout_tp,
@@ -241,7 +242,8 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
         layer_reduce_scatter=layer_reduce_scatter_bytes(P_layer, prec.grad_bytes, is_cpu),
         all_to_all=all_to_all_buffer_bytes(t_upd, q, kvd, c, s),
         # the step runs on the host when the optimizer is offloaded (verl loads it back to the GPU)
-        optimizer_step=adam_step_temporary_bytes(-(-P // D), largest_param_elements(V, h, inter, q), o_off and not verl, is_cpu),
+        optimizer_step=adam_step_temporary_bytes(-(-P // D), largest_param_elements(V, h, inter, q), o_off and not verl, is_cpu,
+                                                  fused=is_cpu and target == "grpo-pilot"),  # engine/actor.py: fused AdamW on cpu
     )
     upd_items = _finish({**resident("update"), **upd_work}, leftovers, trainer_oh, frag, is_cpu)
 

@@ -60,7 +60,8 @@ def sample_next(logits: Tensor, *, temperature: float, top_p: float, generator: 
     if temperature == 0.0:
         return logits.argmax(-1)
     scaled = logits.float()  # a copy for bf16/fp16 logits (divided in place), the same tensor for fp32
-    scaled = scaled.div_(temperature) if scaled is not logits else scaled / temperature
+    if temperature != 1.0:  # x / 1.0 == x exactly: skip the op
+        scaled = scaled.div_(temperature) if scaled is not logits else scaled / temperature
     probs = torch.softmax(scaled, dim=-1)
     del scaled  # at most logits + two fp32 [B, V] tensors live at a time
     order: Tensor | None = None

@@ -20,7 +20,9 @@ trainer's RNG stream is untouched and the same seed gives the same completions.
 
 While decoding, the module is in eval mode (transformers' `GradientCheckpointingLayer` only
 checkpoints when `self.training`, so checkpointing is off) under `torch.no_grad` (not inference
-mode: buffers a forward may refresh must stay usable by autograd), and on CUDA the forward runs
+mode: buffers a forward may refresh must stay usable by autograd) — except for the Llama-family
+models `llama_step` decodes with default RoPE, whose forward refreshes no buffer: those decode
+under `torch.inference_mode` (no autograd bookkeeping per op; completions leave as Python ints), and on CUDA the forward runs
 under bf16 autocast; train mode is restored afterwards and `config` is not touched (the KV cache is
 requested per call).
 """
@@ -36,6 +38,7 @@ import torch
 from grpo_pilot.engine.rollout.completion import check_prompts, eos_token_ids, finish_completion, make_decoder
 from grpo_pilot.engine.rollout.decode import decode_batch
 from grpo_pilot.engine.rollout.protocol import Generation, SamplingConfig
+from grpo_pilot.engine.rollout.llama_step import unsupported_reason
 from grpo_pilot.errors import InputError, RunError
 
 
@@ -66,6 +69,13 @@ class _StopStringTail:
     def __call__(self, tails: list[list[int]]) -> list[bool]:
         texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
         return [any(s in t for s in self.stop) for t in texts]
+
+
+def _refreshes_no_buffers(model: Any) -> bool:
+    """True for the Llama-family decoders `llama_step` supports with default RoPE: their forward only
+    reads parameters and buffers, so decoding them in inference mode leaves nothing autograd cannot use."""
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    return unsupported_reason(model) is None and getattr(rotary, "rope_type", None) == "default"
 
 
 class HFRollout:
@@ -151,12 +161,12 @@ class HFRollout:
 
     @contextlib.contextmanager
     def _generation_mode(self, model: Any, device: torch.device) -> Iterator[None]:
-        """Eval mode, no grad, bf16 autocast on CUDA; train mode restored after."""
+        """Eval mode, inference mode (no grad), bf16 autocast on CUDA; train mode restored after."""
         was_training = model.training
         model.eval()
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
         try:
-            with torch.no_grad(), autocast:
+            with (torch.inference_mode() if _refreshes_no_buffers(model) else torch.no_grad()), autocast:
                 yield
         finally:
             model.train(was_training)

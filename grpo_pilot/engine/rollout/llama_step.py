@@ -9,13 +9,15 @@ step it prepares the mask and wraps outputs, per layer it dispatches through the
 registry, repeats the KV heads (`repeat_kv`) and concatenates the cache (`torch.cat`). This step
 runs the same computation directly on the model's own modules and parameters:
 
-    h = embed(tokens); cos, sin = rotary_emb(h, positions)
+    h = embed(tokens); cos, sin = rows of a [total_len, head_dim] table the model's rotary_emb built
+      once (default RoPE; other RoPE types call rotary_emb(h, positions) every step)
     per layer: x = input_layernorm(h); q, k, v = q/k/v_proj(x) [+ q_norm, k_norm on the head dim
       (Qwen3)]; rotate q, k (q·cos + rotate_half(q)·sin); write k, v into the preallocated cache at
       the current slot; o = SDPA(q, K[:L], V[:L], key_mask, enable_gqa, scale = the module's
       `scaling`); h += o_proj(o); h += down_proj(act_fn(gate_proj(x')) · up_proj(x')), x' =
       post_attention_layernorm(h)
     logits = lm_head(norm(h))
+    (fp32 RMSNorms run as one `F.rms_norm` call: the same arithmetic, bit for bit, as the module)
 
 Supported: model types llama, qwen2, qwen3 (the families of profiles/configs) with SDPA attention,
 every layer full attention (no sliding window) and plain (not FSDP-sharded) parameters — the step
@@ -71,6 +73,15 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def _rms_norm(norm: Any, x: Tensor) -> Tensor:
+    """`norm(x)` for a Llama/Qwen RMSNorm module as one `F.rms_norm` call (x · rsqrt(mean(x²) + eps) · w,
+    fp32 inputs: the module's own arithmetic, bit for bit, without its Python and dtype round trips)."""
+    eps = getattr(norm, "variance_epsilon", None)
+    if x.dtype != torch.float32 or eps is None or getattr(norm, "weight", None) is None or norm.weight.dtype != torch.float32:
+        return norm(x)
+    return F.rms_norm(x, norm.weight.shape, norm.weight, eps)
+
+
 class LlamaDecodeStep:
     """Decodes one token per call for B rows; owns the KV cache from the prefill on (module docstring)."""
 
@@ -91,6 +102,16 @@ class LlamaDecodeStep:
             layer_cache.keys = layer_cache.values = None  # this layer of the prefill cache is no longer needed
             self.keys.append(keys)
             self.values.append(values)
+        # rotary cos/sin of every position this decode can reach, computed once by the model's own
+        # rotary module (elementwise in the position: the same values as a per-step call) and
+        # gathered per step by the rows' positions
+        # (default RoPE only: dynamic variants rescale with the longest position seen so far)
+        self.cos_table: Tensor | None = None
+        self.sin_table: Tensor | None = None
+        if getattr(self.decoder.rotary_emb, "rope_type", None) == "default":
+            embed = self.decoder.embed_tokens.weight  # the rotary module takes only device and dtype from it
+            cos, sin = self.decoder.rotary_emb(embed, torch.arange(total_len_tokens, device=embed.device)[None])
+            self.cos_table, self.sin_table = cos[0], sin[0]  # [total_len, head_dim]
         first = self.layers[0].self_attn
         self.head_dim = self.keys[0].shape[-1]
         self.num_heads = first.q_proj.out_features // self.head_dim
@@ -104,11 +125,14 @@ class LlamaDecodeStep:
         end = slot + 1
         mask = key_mask[..., :end]
         h = self.decoder.embed_tokens(tokens[:, None])  # [B, 1, hidden]
-        cos, sin = self.decoder.rotary_emb(h, positions)
+        if self.cos_table is not None and self.sin_table is not None:
+            cos, sin = self.cos_table[positions], self.sin_table[positions]
+        else:
+            cos, sin = self.decoder.rotary_emb(h, positions)
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, 1, head_dim]: broadcast over heads
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            x = layer.input_layernorm(h)
+            x = _rms_norm(layer.input_layernorm, h)
             q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(batch, 1, self.num_heads, self.head_dim)
             k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(batch, 1, self.num_kv_heads, self.head_dim)
             v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(batch, 1, self.num_kv_heads, self.head_dim)
@@ -121,9 +145,9 @@ class LlamaDecodeStep:
             o = F.scaled_dot_product_attention(q, self.keys[i][:, :, :end], self.values[i][:, :, :end], attn_mask=mask,
                                                scale=attn.scaling, enable_gqa=self.num_heads != self.num_kv_heads)
             h = h + F.linear(o.transpose(1, 2).reshape(batch, 1, -1), attn.o_proj.weight, attn.o_proj.bias)
-            x = layer.post_attention_layernorm(h)
+            x = _rms_norm(layer.post_attention_layernorm, h)
             h = h + F.linear(mlp.act_fn(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)) * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias),
                              mlp.down_proj.weight, mlp.down_proj.bias)
         self.length = end
         head = self.model.lm_head
-        return F.linear(self.decoder.norm(h), head.weight, head.bias)[:, -1]
+        return F.linear(_rms_norm(self.decoder.norm, h), head.weight, head.bias)[:, -1]

@@ -6,6 +6,10 @@
   `fused=True` needs ~0.
 - cpu: the default is the single-tensor loop (foreach only defaults on for CUDA), so only one
   parameter's intermediate (the `denom` of the largest tensor, fp32) is live at a time.
+- fused (`fused=True`; our engine on cpu, target grpo-pilot): torch.optim.AdamW dispatches to
+  `torch._fused_adamw_` (torch/optim/adam.py `_fused_adam`), one in-place elementwise kernel per
+  parameter group (aten/src/ATen/native/cpu/FusedAdamKernel.cpp on cpu) that updates param, exp_avg
+  and exp_avg_sq element by element: no intermediate tensors, 0 bytes.
 - optimizer offloaded to the host (our engine, TRL): the step runs there — 0 on the GPU.
 The step runs after backward, when activations and logits are gone: it is its own peak moment
 (memory/moments.py).
@@ -17,9 +21,9 @@ FOREACH_ADAMW_BYTES_PER_PARAM = 4
 FP32 = 4
 
 
-def adam_step_temporary_bytes(shard_params: int, largest_param_elements: int, optimizer_offload: bool, is_cpu: bool) -> int:
-    """Transient bytes of one AdamW step over a rank's shard."""
-    if optimizer_offload:
+def adam_step_temporary_bytes(shard_params: int, largest_param_elements: int, optimizer_offload: bool, is_cpu: bool, *, fused: bool = False) -> int:
+    """Transient bytes of one AdamW step over a rank's shard (`fused`: the fused kernel, see above)."""
+    if optimizer_offload or fused:
         return 0
     if is_cpu:
         return FP32 * largest_param_elements
