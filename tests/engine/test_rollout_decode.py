@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,14 +13,6 @@ from grpo_pilot.engine.rollout.llama_step import LlamaDecodeStep, unsupported_re
 
 VOCAB = 100
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [5, 6, 7, 8, 9], [20, 21, 22, 23, 24, 25, 26], [11, 12]]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def tiny(model_type: str, *, attn: str = "sdpa", **extra: object) -> torch.nn.Module:

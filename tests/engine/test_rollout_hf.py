@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -30,14 +29,6 @@ def tiny_qwen2(seed: int = 0) -> torch.nn.Module:
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(cfg).eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")
