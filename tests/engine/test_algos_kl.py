@@ -61,7 +61,7 @@ def test_k3_is_non_negative_and_close_to_k2_for_small_differences(d, ref):
     logp = torch.tensor([[ref + d]], dtype=F64)
     ref_t = torch.tensor([[ref]], dtype=F64)
     k3 = kl_penalty(logp, ref_t, "k3").item()
-    assert k3 >= 0.0
+    assert k3 >= -4 * 2.0**-52  # e^-d + d - 1 >= 0 exactly; allow float64 rounding of the three terms
     if abs(d) < 1e-2:
         assert k3 == pytest.approx(0.5 * d * d, abs=abs(d) ** 3 + 1e-15)  # third-order term + cancellation
 
