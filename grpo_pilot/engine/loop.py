@@ -37,6 +37,7 @@ from grpo_pilot.engine.metrics import LiveDisplay, MetricsLog
 from grpo_pilot.engine.profiling import PhaseSample, RunProfile, build_profile, write_profile_json
 from grpo_pilot.engine.run_config import RunConfig
 from grpo_pilot.errors import InputError, RunError
+from grpo_pilot.planner.config import old_logprob_pass_needed
 from grpo_pilot.planner.plan import Plan
 
 
@@ -240,8 +241,10 @@ def run(plan: Plan, config: RunConfig, *, plan_path: str | Path | None = None, q
     notes = tuple(f"knob {k} is not applied by the single-process engine" for k in eng.actor.unapplied_knobs)
     if eng.rollout.name != plan.knobs.rollout_backend:
         notes += (f"rollout backend '{eng.rollout.name}' is not the plan's '{plan.knobs.rollout_backend}': predictions assume the plan's",)
-    if -(-eng.prompts_per_step // eng.mini_batch_prompts) * eng.ppo_epochs == 1 and eng.loss.kl_coef == 0 and plan.target == "verl":
-        notes += ("log_prob: on-policy run (1 mini-batch x 1 epoch, no KL): no old-policy or reference pass runs here; the plan (target verl) counts verl's old-log-prob pass",)
+    engine_old_pass = -(-eng.prompts_per_step // eng.mini_batch_prompts) * eng.ppo_epochs > 1
+    if old_logprob_pass_needed(plan.workload, plan.target) != engine_old_pass:
+        notes += (f"log_prob: this run {'runs' if engine_old_pass else 'skips'} the old-policy pass; the plan (target {plan.target}, "
+                  f"its workload) {'skips' if engine_old_pass else 'counts'} it",)
     if done and len(done) == 1:
         notes += ("only one step ran in this process: its numbers include warm-up",)
     profile = build_profile(plan, done, device=str(eng.actor.device), memory_source=eng.profiler.memory_source,

