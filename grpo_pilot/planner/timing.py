@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.hardware.gpus import GB, GPUSpec
 from grpo_pilot.planner.config import Knobs, Target, Workload, old_logprob_pass_needed
 from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
 from grpo_pilot.planner.memory.layout import layout_for
-from grpo_pilot.planner.memory.precision import precision_for
+from grpo_pilot.planner.memory.precision import Precision, precision_for
 from grpo_pilot.planner.reports import TimeReport
 from grpo_pilot.profiles.spec import ModelSpec
 
@@ -230,22 +231,39 @@ def cpu_adam_s(shard_params: float, cluster: Cluster) -> float:
     return shard_params * ADAM_BYTES_PER_PARAM / per_rank
 
 
+class _TrainSide(NamedTuple):
+    """What both training-side phases (log-prob passes, update) derive from the inputs."""
+
+    gpu: GPUSpec
+    prec: Precision
+    train_gpus: int
+    sp: int
+    seq: int
+    dp: int  # data-parallel groups: training GPUs / SP degree
+    bw: float  # collective bandwidth of the training pool
+    shard_params: float  # parameters one training rank holds
+    host: float  # host-link bytes/s per rank (offload traffic)
+
+
+def _train_side(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, target: Target) -> _TrainSide:
+    gpu = cluster.gpu
+    _, train_gpus = pools(cluster, knobs)
+    return _TrainSide(
+        gpu=gpu, prec=precision_for(target, gpu.is_cpu), train_gpus=train_gpus, sp=knobs.ulysses_sp, seq=workload.seq_len_tokens,
+        dp=max(1, train_gpus // knobs.ulysses_sp),
+        bw=collective_bytes_per_s(gpu, cluster.num_nodes > 1 and train_gpus > cluster.gpus_per_node),
+        shard_params=param_counts(spec)[0] / train_gpus, host=_host_rate(cluster),
+    )
+
+
 def log_prob_time_s(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, target: Target) -> float:
     """Old-policy pass (+ reference pass with the KL loss), sharded over the training pool."""
-    gpu = cluster.gpu
-    prec = precision_for(target, gpu.is_cpu)
-    _, train_gpus = pools(cluster, knobs)
-    sp = knobs.ulysses_sp
-    seq = workload.seq_len_tokens
-    dp = max(1, train_gpus // sp)
+    gpu, prec, train_gpus, sp, seq, dp, bw, shard_params, host = _train_side(spec, cluster, workload, knobs, target)
     seqs_per_rank = math.ceil(workload.responses_per_step / dp)
     per_micro = _seqs_per_token_budget(knobs.log_prob_max_token_len_per_gpu, sp, seq, target)
-    bw = collective_bytes_per_s(gpu, cluster.num_nodes > 1 and train_gpus > cluster.gpus_per_node)
     compute_per_token = forward_flops_per_token(spec, seq) / (gpu.bf16_flops * FORWARD_MFU)
     gather_s = _ring_time_s(BF16_BYTES * param_counts(spec)[0], train_gpus, bw)
     a2a_per_token = _ulysses_s(spec, 1, sp, bw, passes=1)
-    host = _host_rate(cluster)
-    shard_params = param_counts(spec)[0] / train_gpus
     streams = offload_streams(target) and not gpu.is_cpu
 
     def one_pass(offloaded: bool, bytes_per_param: int) -> float:
@@ -264,12 +282,7 @@ def log_prob_time_s(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs
 
 def update_time_s(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, target: Target) -> float:
     """ppo_epochs × mini-batches × micro-batches of forward+backward, one optimizer step per mini-batch."""
-    gpu = cluster.gpu
-    prec = precision_for(target, gpu.is_cpu)
-    _, train_gpus = pools(cluster, knobs)
-    sp = knobs.ulysses_sp
-    seq = workload.seq_len_tokens
-    dp = max(1, train_gpus // sp)
+    gpu, prec, train_gpus, sp, seq, dp, bw, shard_params, host = _train_side(spec, cluster, workload, knobs, target)
     num_minis = math.ceil(workload.prompts_per_step / workload.mini_batch_prompts)
     seqs_per_rank_mini = max(1, math.ceil(workload.mini_batch_prompts * workload.n / dp))
     if knobs.dynamic_batching:
@@ -279,13 +292,10 @@ def update_time_s(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: 
     fwd = forward_flops_per_token(spec, seq)
     # backward = 2× forward; full recompute adds one more forward (memory-model.md §5: 6P, +2P).
     flops_per_token = 3 * fwd + (fwd if knobs.gradient_checkpointing else 0.0)
-    bw = collective_bytes_per_s(gpu, cluster.num_nodes > 1 and train_gpus > cluster.gpus_per_node)
     compute_per_token = flops_per_token / (gpu.bf16_flops * UPDATE_MFU)
     # FSDP per micro-batch: all-gather bf16 params in forward and again in backward
     # (reshard_after_forward), reduce-scatter fp32 grads (verl MixedPrecision reduce_dtype fp32).
     comm_s = _ring_time_s((2 * BF16_BYTES + FP32_BYTES) * param_counts(spec)[0], train_gpus, bw)
-    shard_params = param_counts(spec)[0] / train_gpus
-    host = _host_rate(cluster)
     p_off = knobs.param_offload and not gpu.is_cpu
     o_off = knobs.optimizer_offload and not gpu.is_cpu
     phase_s = 0.0  # once per update phase
