@@ -109,8 +109,13 @@ def structural_checks(spec: ModelSpec, cluster: Cluster, workload: Workload, kno
     return tuple(checks)
 
 
-def memory_checks(memory: MemoryReport, workload: Workload, knobs: Knobs, *, usable_gpu_bytes: int, host_ram_bytes: int) -> tuple[Check, ...]:
-    """Every phase within usable GPU memory, host RAM within the node, KV cache ≥ one request."""
+def memory_checks(memory: MemoryReport, workload: Workload, knobs: Knobs, *, usable_gpu_bytes: int, host_ram_bytes: int,
+                  kv_budget_bytes: int | None = None, device_bytes: int | None = None) -> tuple[Check, ...]:
+    """Every phase within usable GPU memory, host RAM within the node, KV cache ≥ one request.
+
+    `kv_budget_bytes` (signed, `estimate.rollout_kv_budget_bytes`) and `device_bytes`, when given, let a
+    failed KV rule say how far the vLLM budget falls short and which utilisation would start the engine.
+    """
     checks = []
     for phase in PHASES:
         pm = memory.phases[phase]
@@ -134,9 +139,19 @@ def memory_checks(memory: MemoryReport, workload: Workload, knobs: Knobs, *, usa
     checks.append(_check(
         "rollout.kv_cache", kv_excess, "rollout.kv_cache",
         "" if kv_excess <= 0 else f"the rollout engine's KV cache holds {memory.kv_cache_tokens_per_gpu} tokens, less than one "
-                                          f"{seq}-token request (raise gpu_memory_utilization or rollout_tp).",
+                                          f"{seq}-token request (raise gpu_memory_utilization or rollout_tp)"
+                                          + _kv_shortfall(kv_budget_bytes, device_bytes, knobs.gpu_memory_utilization) + ".",
     ))
     return tuple(checks)
+
+
+def _kv_shortfall(kv_budget_bytes: int | None, device_bytes: int | None, utilization: float) -> str:
+    """'; the budget is X GiB short ... ≥ U' when the signed KV budget is negative (vLLM would refuse to start)."""
+    if kv_budget_bytes is None or device_bytes is None or kv_budget_bytes >= 0:
+        return ""
+    needed = utilization + -kv_budget_bytes / device_bytes
+    return (f"; the vLLM budget of {utilization:g} x {_gib(device_bytes)} is {_gib(-kv_budget_bytes)} short of its weights, "
+            f"activations, buffers and graphs before any KV cache: gpu_memory_utilization must exceed {needed:.2f} for it to start")
 
 
 def violations(checks: tuple[Check, ...]) -> tuple[Check, ...]:

@@ -18,7 +18,7 @@ from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs, Target, Workload
 from grpo_pilot.planner.constraints import Check, binding_constraint, memory_checks, structural_checks, violations
-from grpo_pilot.planner.estimate import estimate_memory
+from grpo_pilot.planner.estimate import estimate_memory, rollout_kv_budget_bytes
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.plan import ModelRef, Plan, Provenance
 from grpo_pilot.planner.reports import MemoryReport, TimeReport
@@ -77,8 +77,11 @@ def assess(inputs: PlanInputs, knobs: Knobs, structural: tuple[Check, ...] | Non
     spec, cluster, workload = inputs.model.spec, inputs.cluster, inputs.workload
     memory = estimate_memory(spec, cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
     time = estimate_time(spec, cluster, workload, knobs, target=inputs.target, max_concurrent_seqs=max(1, memory.max_concurrent_seqs))
+    kv_short = knobs.rollout_backend == "vllm" and memory.kv_cache_tokens_per_gpu < workload.seq_len_tokens
+    kv_budget = rollout_kv_budget_bytes(spec, cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads) if kv_short else None
     checks = (structural if structural is not None else cheap_checks(inputs, knobs)) + memory_checks(
-        memory, workload, knobs, usable_gpu_bytes=inputs.usable_gpu_bytes, host_ram_bytes=cluster.host_ram_bytes_per_node
+        memory, workload, knobs, usable_gpu_bytes=inputs.usable_gpu_bytes, host_ram_bytes=cluster.host_ram_bytes_per_node,
+        kv_budget_bytes=kv_budget, device_bytes=cluster.gpu.memory_bytes,
     )
     return Assessment(knobs=knobs, memory=memory, time=time, checks=checks)
 

@@ -125,3 +125,22 @@ def test_binding_when_everything_fits_is_the_fullest_phase() -> None:
     checks = memory_checks(report, Workload(), Knobs(), usable_gpu_bytes=100, host_ram_bytes=100)
     assert violations(checks) == ()
     assert binding_constraint(checks, report) == "update.activations"
+
+
+def test_kv_rule_states_the_budget_shortfall_and_the_utilisation_that_starts_vllm():
+    from grpo_pilot.hardware import parse_cluster
+    from grpo_pilot.planner.estimate import rollout_kv_budget_bytes
+    from grpo_pilot.planner.evaluate import PlanInputs, assess, model_ref
+    from grpo_pilot.profiles import resolve_model
+
+    inputs = PlanInputs(model=model_ref(resolve_model("qwen2.5-7b")), cluster=parse_cluster("1xA100-80G"), workload=Workload())
+    knobs = Knobs(rollout_tp=1, gpu_memory_utilization=0.1)  # 8 GiB budget < 14.2 GiB of bf16 weights
+    kv = next(c for c in assess(inputs, knobs).checks if c.rule == "rollout.kv_cache")
+    signed = rollout_kv_budget_bytes(inputs.model.spec, inputs.cluster, inputs.workload, knobs)
+    total = inputs.cluster.gpu.memory_bytes
+    assert not kv.ok and signed < 0
+    assert f"is {-signed / (1 << 30):.1f} GiB short" in kv.message
+    assert f"must exceed {0.1 - signed / total:.2f} for it to start" in kv.message
+    # a budget that only lacks KV room for one request gets no shortfall clause
+    roomy = next(c for c in assess(inputs, knobs.model_copy(update={"gpu_memory_utilization": 0.9})).checks if c.rule == "rollout.kv_cache")
+    assert roomy.ok and "short of" not in roomy.message
