@@ -177,19 +177,6 @@ class PhaseProfiler:
             self._tracker.__exit__(None, None, None)
             self._tracker = None
 
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        """Run code outside the tensor tracker (e.g. an engine that compiles graphs); its tensors are not seen."""
-        tracker = self._tracker
-        if tracker is None:
-            yield
-            return
-        tracker.__exit__(None, None, None)
-        try:
-            yield
-        finally:
-            tracker.__enter__()
-
     def begin_step(self) -> None:
         self.current = {}
 
