@@ -178,7 +178,13 @@ def _plan(model: str, gpus: str, host_ram: Optional[str], target: str, workload:
     from grpo_pilot.planner.make_plan import make_plan
 
     resolved = resolve_model(model)
-    cluster = parse_cluster(gpus, parse_size_bytes(host_ram) if host_ram else None)
+    host_bytes = parse_size_bytes(host_ram) if host_ram else None
+    if gpus.strip().lower() == "local":
+        from grpo_pilot.hardware.detect import local_cluster  # imports torch, only on this path
+
+        cluster = local_cluster(host_bytes)
+    else:
+        cluster = parse_cluster(gpus, host_bytes)
     inputs = PlanInputs(model=model_ref(resolved), cluster=cluster, workload=workload, target=target)  # type: ignore[arg-type]
     return make_plan(inputs, pins=pins, trials=trials, seed=seed)
 
@@ -187,7 +193,7 @@ def _plan(model: str, gpus: str, host_ram: Optional[str], target: str, workload:
 @handle_errors
 def main(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Bundled alias (qwen-32b, llama-8b, ...), hub id of a bundled model, or a path to an HF config.json / model dir."),
-    gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="Cluster: 8xA100-80G, 8xH100, 2x8xH100-80G, 16xH20, 1xcpu."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="Cluster: 8xA100-80G, 8xH100, 2x8xH100-80G, 16xH20, 1xcpu, or 'local' (detect this node's GPUs)."),
     host_ram: Optional[str] = typer.Option(None, "--host-ram", help="Host RAM per node, e.g. 1TiB, 512GiB (default 1 TiB)."),
     target: Optional[str] = typer.Option(None, "--target", help="Executor the estimate models: grpo-pilot, verl or trl (default: the --emit framework, else grpo-pilot)."),
     prompts_per_step: int = typer.Option(1024, "--prompts-per-step", min=1, help="Prompts per step (verl data.train_batch_size)."),

@@ -140,3 +140,31 @@ def test_catalog_figures_from_datasheets() -> None:
     assert CATALOG["MI300X"].memory_bytes == 206141652992  # rocm-smi VRAM total
     assert CATALOG["MI300X"].bf16_flops == 1307e12
     assert CATALOG["A100-80G"].hbm_bytes_per_s == 2039e9 > CATALOG["A100-40G"].hbm_bytes_per_s
+
+
+def test_local_detection_matches_the_catalog_by_name_and_memory(monkeypatch):
+    """`--gpus local` on a node whose torch reports 8 × 'NVIDIA H100 80GB HBM3' of 81559 MiB."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from grpo_pilot.hardware.detect import local_cluster
+
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=81559 * (1 << 20))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    cluster = local_cluster(512 * (1 << 30))
+    assert cluster.label() == "8xH100-80G" and cluster.host_ram_bytes_per_node == 512 * (1 << 30)
+    props.name, props.total_memory = "NVIDIA A100-SXM4-40GB", 40960 * (1 << 20)
+    assert local_cluster().label() == "8xA100-40G"  # the A100 of the nearest memory size
+
+
+def test_local_without_cuda_is_an_input_error_naming_alternatives(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from grpo_pilot.errors import InputError
+    from grpo_pilot.hardware.detect import local_cluster
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InputError) as info:
+        local_cluster()
+    assert "1xcpu" in info.value.hint and "8xA100-80G" in info.value.hint

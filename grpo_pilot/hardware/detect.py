@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grpo_pilot.errors import InputError
 from grpo_pilot.hardware.cluster import Cluster, parse_cluster
 from grpo_pilot.hardware.gpus import CATALOG, alias_key
 
@@ -25,3 +26,14 @@ def detect_local_cluster() -> Cluster | None:
     if best is None:
         return None
     return parse_cluster(f"{torch.cuda.device_count()}x{best.name}")
+
+
+def local_cluster(host_ram_bytes_per_node: int | None = None) -> Cluster:
+    """`--gpus local`: this node's GPUs, or an `InputError` saying how to name them instead."""
+    found = detect_local_cluster()
+    if found is None:
+        raise InputError(
+            "--gpus local found no CUDA GPU here (torch with CUDA is not importable, or no device matches the catalog).",
+            "Name the cluster instead, e.g. --gpus 8xA100-80G, or --gpus 1xcpu for this machine.",
+        )
+    return found if host_ram_bytes_per_node is None else found.model_copy(update={"host_ram_bytes_per_node": host_ram_bytes_per_node})
