@@ -18,6 +18,10 @@ Micro-batch layout (`micro_batch_layout`), chosen from the model's attention imp
   before they are grouped, so a micro-batch holds sequences of similar length; `update` reports the
   share as `padding_frac`. A token budget bounds k × the longest length (what memory sees).
   (Eager attention builds a [k, W, W] causal mask; SDPA and flash none.)
+  Shared prompts: when a padded micro-batch holds several completions of one prompt (a GRPO group)
+  and the model is Llama-family (`shared_prefix_unsupported`), the forward computes each distinct
+  prompt once and lets its completions attend to it (engine/shared_prefix.py): U·P + k·R positions
+  instead of k·W, the same log-probs and gradients (`share_prompts=False` turns it off).
 - "packed" (flash-attention 2/3, which take variable-length sequences): every micro-batch is ONE
   row — the sequences concatenated, `position_ids` restarting at 0 for each, no attention mask;
   transformers' flash path turns the resets into varlen boundaries (`_is_packed_sequence`). No
@@ -53,6 +57,7 @@ from grpo_pilot.engine.algos.dapo import mask_truncated
 from grpo_pilot.engine.algos.logprobs import chunked_token_logprobs, entropy_from_logits, token_logprobs
 from grpo_pilot.engine.algos.policy_loss import policy_loss
 from grpo_pilot.engine.micro_batches import plan_micro_batches
+from grpo_pilot.engine.shared_prefix import prefix_batch, shared_prefix_hidden, shared_prefix_unsupported
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.memory.logits import FUSED_LOGPROB_CHUNK_TOKENS
@@ -109,7 +114,8 @@ class Actor:
     """Owns the policy (fp32 master), its AdamW optimizer, and the frozen reference (initial policy)."""
 
     def __init__(self, policy: torch.nn.Module, *, device: torch.device, knobs: Knobs, lr: float, weight_decay: float = 0.01,
-                 betas: tuple[float, float] = (0.9, 0.999), max_grad_norm: float = 1.0, temperature: float = 1.0, with_ref: bool = False) -> None:
+                 betas: tuple[float, float] = (0.9, 0.999), max_grad_norm: float = 1.0, temperature: float = 1.0, with_ref: bool = False,
+                 share_prompts: bool = True) -> None:
         self.device = device
         self.knobs = knobs
         self.temperature = temperature
@@ -125,11 +131,14 @@ class Actor:
             self.ref = ref.to("cpu") if knobs.ref_param_offload and device.type == "cuda" else ref
         if knobs.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # models whose padded micro-batches compute each distinct prompt once (engine/shared_prefix.py)
+        self._shares_prompts = {id(m) for m in (self.policy, self.ref) if m is not None and share_prompts and shared_prefix_unsupported(m) is None}
         # cpu: the fused kernel (one vectorised in-place pass per tensor, no temporaries; ~3x faster than
         # the default single-tensor loop for small models); GPU: torch's default (foreach), which
         # planner/memory/optimizer.py models for both
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=lr, betas=betas, weight_decay=weight_decay,
                                            fused=True if device.type == "cpu" else None)
+        self.shared_forwards = 0  # training/log-prob micro-batches that ran the shared-prompt forward
         self.unapplied_knobs = tuple(
             name for name, on in (("param_offload", knobs.param_offload), ("optimizer_offload", knobs.optimizer_offload),
                                   (f"ulysses_sp={knobs.ulysses_sp}", knobs.ulysses_sp > 1)) if on
@@ -141,16 +150,23 @@ class Actor:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _scored_hidden(self, model: torch.nn.Module, samples: Sequence[Sample]) -> tuple[Tensor, Tensor, int]:
+    def _scored_hidden(self, model: torch.nn.Module, samples: Sequence[Sample]) -> tuple[Tensor, Tensor, int, int]:
         """Final hidden states [N, h] at the N = Σ r_i positions that predict response tokens, the target
-        ids [N] (sample-major), and the positions computed (k·W padded, Σ(n_i − 1) packed).
+        ids [N] (sample-major), the positions computed (k·W padded, Σ(n_i − 1) packed, U·P + k·R shared)
+        and how many of them are real tokens (not padding).
 
         The logits at position t − 1 predict token t, so a sequence of n tokens feeds its first n − 1.
         """
+        layout = micro_batch_layout(model)
+        if layout == "padded" and id(model) in self._shares_prompts and len({s.prompt_ids for s in samples}) < len(samples):
+            shared = prefix_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], self.device)
+            self.shared_forwards += 1
+            return shared_prefix_hidden(model, shared), shared.targets, shared.computed_positions, shared.real_positions
+        fed = sum(s.num_tokens - 1 for s in samples)
         rows: list[int] = []
         cols: list[int] = []
         targets: list[int] = []
-        if micro_batch_layout(model) == "packed":
+        if layout == "packed":
             ids: list[int] = []
             pos: list[int] = []
             for s in samples:
@@ -178,18 +194,19 @@ class Actor:
             out = model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
             computed = len(samples) * width
             hidden = out[torch.tensor(rows, dtype=torch.long, device=self.device), torch.tensor(cols, dtype=torch.long, device=self.device)]
-        return hidden, torch.tensor(targets, dtype=torch.long, device=self.device), computed
+        return hidden, torch.tensor(targets, dtype=torch.long, device=self.device), computed, fed
 
     def _micro_batch_logprobs(self, model: torch.nn.Module, samples: Sequence[Sample], *, with_entropy: bool,
-                              entropy_grad: bool = False) -> tuple[list[Tensor], list[Tensor] | None, int]:
+                              entropy_grad: bool = False) -> tuple[list[Tensor], list[Tensor] | None, int, int]:
         """Per-sample response log-probs (and entropies) from one forward of the micro-batch `samples`,
-        in the layout of `micro_batch_layout(model)`; also the positions computed (padding included).
+        in the layout of `micro_batch_layout(model)`; also the positions computed (padding included)
+        and the real ones among them.
 
         Entropies carry a gradient only with `entropy_grad` (else they are a metric and keep no graph).
         """
         entropy: Tensor | None = None
         with self._autocast():
-            hidden, target_ids, computed = self._scored_hidden(model, samples)
+            hidden, target_ids, computed, real = self._scored_hidden(model, samples)
             head = model.get_output_embeddings()
             if self.knobs.fused_logprob:
                 logprobs, entropy = chunked_token_logprobs(hidden, head.weight.to(hidden.dtype), target_ids, temperature=self.temperature,
@@ -201,7 +218,7 @@ class Actor:
                     with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
                         entropy = entropy_from_logits(logits, temperature=self.temperature)
         sizes = [len(s.response_ids) for s in samples]
-        return list(logprobs.split(sizes)), (list(entropy.split(sizes)) if entropy is not None else None), computed
+        return list(logprobs.split(sizes)), (list(entropy.split(sizes)) if entropy is not None else None), computed, real
 
     @contextlib.contextmanager
     def _ref_on_device(self) -> Iterator[torch.nn.Module]:
@@ -232,7 +249,7 @@ class Actor:
             model.eval()
             try:
                 for b in bins:
-                    lps, _, _ = self._micro_batch_logprobs(model, [samples[i] for i in b], with_entropy=False)
+                    lps, _, _, _ = self._micro_batch_logprobs(model, [samples[i] for i in b], with_entropy=False)
                     for i, lp in zip(b, lps):
                         out[i] = lp.float()
             finally:
@@ -256,12 +273,13 @@ class Actor:
         sums: dict[str, float] = {}
         weighted: dict[str, float] = {}
         weight_total = 0.0
-        computed_total = 0
+        computed_total = real_total = 0
         for b in bins:
             mb = [samples[i] for i in b]
             # entropy is always reported; it carries a gradient only when entropy_coeff != 0
-            lps, ents, computed = self._micro_batch_logprobs(self.policy, mb, with_entropy=True, entropy_grad=loss.entropy_coeff != 0.0)
+            lps, ents, computed, real = self._micro_batch_logprobs(self.policy, mb, with_entropy=True, entropy_grad=loss.entropy_coeff != 0.0)
             computed_total += computed
+            real_total += real
             width = max(len(s.response_ids) for s in mb)
             lp = pad_rows(lps, width)
             mask = pad_rows([torch.ones(len(s.response_ids), device=self.device) for s in mb], width)
@@ -292,9 +310,8 @@ class Actor:
         self.optimizer.zero_grad(set_to_none=True)
         out = dict(sums)
         out.update({k: v / weight_total for k, v in weighted.items()} if weight_total > 0 else {})
-        fed = sum(lengths) - len(samples)  # each sequence's last token is not fed (see module docstring)
         out.update(grad_norm=float(grad_norm), num_micro_batches=float(len(bins)), num_tokens=float(num_tokens),
-                   padding_frac=(computed_total - fed) / computed_total if computed_total else 0.0)
+                   padding_frac=(computed_total - real_total) / computed_total if computed_total else 0.0)
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------

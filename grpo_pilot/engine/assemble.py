@@ -131,7 +131,8 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
     vocab = plan.model.spec.vocab_size
     policy = build_model(source, seed=cfg.seed, vocab_size=len(tokenizer) if len(tokenizer) > vocab else None)
     actor = Actor(policy, device=device, knobs=k, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                  max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, with_ref=loss.kl_coef > 0)
+                  max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, with_ref=loss.kl_coef > 0,
+                  share_prompts=cfg.share_prompts)
     kv_bytes = None
     if backend == "vllm" and device.type == "cpu" and plan.kv_cache_tokens_per_gpu > 0:
         from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token

@@ -245,6 +245,9 @@ def run(plan: Plan, config: RunConfig, *, plan_path: str | Path | None = None, q
     if old_logprob_pass_needed(plan.workload, plan.target) != engine_old_pass:
         notes += (f"log_prob: this run {'runs' if engine_old_pass else 'skips'} the old-policy pass; the plan (target {plan.target}, "
                   f"its workload) {'skips' if engine_old_pass else 'counts'} it",)
+    if eng.actor.shared_forwards:
+        notes += (f"update/log_prob: {eng.actor.shared_forwards} micro-batches computed each distinct prompt once (shared-prompt forward); "
+                  "the plan's time and activation figures assume every sequence computes its prompt, so they bound these phases from above",)
     if done and len(done) == 1:
         notes += ("only one step ran in this process: its numbers include warm-up",)
     profile = build_profile(plan, done, device=str(eng.actor.device), memory_source=eng.profiler.memory_source,

@@ -85,6 +85,7 @@ class RunConfig(Frozen):
     resume: bool = Field(default=False, description="Continue from the newest checkpoint in output_dir.")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto = cuda when available, else cpu.")
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads (None = torch default).")
+    share_prompts: bool = Field(default=True, description="Compute each distinct prompt once per micro-batch (Llama-family models; exact).")
     cpu_memory: Literal["tensors", "rss"] = Field(default="tensors", description="CPU peak memory per phase: live tensor bytes (dispatch tracker) or process RSS only.")
 
     def hash(self, plan_json: str) -> str:
