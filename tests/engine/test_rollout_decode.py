@@ -72,11 +72,11 @@ def greedy(model: torch.nn.Module, prompts: list[list[int]], n: int = 6, eos: tu
         return decode_batch(model, prompts, max_new_tokens=n, eos_ids=eos, pad_id=0, temperature=0.0, top_p=1.0, generator=None)
 
 
-@pytest.mark.parametrize(("model_type", "extra"), [("qwen2", {}), ("qwen3", {}), ("llama", {"attention_bias": True, "mlp_bias": True})])
-def test_llama_family_step_matches_the_transformers_forward(model_type: str, extra: dict) -> None:
+def step_vs_transformers(model: torch.nn.Module, *, atol: float, rtol: float) -> LlamaDecodeStep:
+    """Three decode steps of `LlamaDecodeStep` and of transformers' forward from the same ragged, left-padded
+    prefill; logits compared at each step (the next token is transformers' argmax). Returns the step."""
     from transformers import DynamicCache
 
-    model = tiny(model_type, **extra)
     assert unsupported_reason(model) is None
     ids, real = left_pad(PROMPTS, 0, torch.device("cpu"))
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)
@@ -88,15 +88,36 @@ def test_llama_family_step_matches_the_transformers_forward(model_type: str, ext
         caches = [DynamicCache(config=model.config) for _ in range(2)]
         for cache in caches:
             model(input_ids=ids, attention_mask=real.long(), position_ids=positions, past_key_values=cache, use_cache=True)
-        step = LlamaDecodeStep(model, caches[0], rows, total_len_tokens=total)
+        step = LlamaDecodeStep(model, caches[0], rows, key_mask)
         token, last = torch.tensor([3, 4, 5, 6, 7]), positions[:, -1:]
         for t in range(1, 4):
             last = last + 1
-            ours = step(token, last, key_mask[:, None, None, :])
+            ours = step(token, last)
             theirs = model(input_ids=token[:, None], attention_mask=key_mask[:, : ids.shape[1] + t].long(), position_ids=last,
                            past_key_values=caches[1], use_cache=True).logits[:, -1]
-            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ours, theirs, atol=atol, rtol=rtol)
             token = theirs.argmax(-1)
+    return step
+
+
+@pytest.mark.parametrize(("model_type", "extra"), [("qwen2", {}), ("qwen3", {}), ("llama", {"attention_bias": True, "mlp_bias": True}),
+                                                   ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}})])
+def test_llama_family_step_matches_the_transformers_forward(model_type: str, extra: dict) -> None:
+    # fp32: the lean variant (hand-written GQA attention on an additive mask, fused residual matmuls);
+    # the last case's RoPE is not "default", so cos/sin come from rotary_emb every step
+    step = step_vs_transformers(tiny(model_type, **extra), atol=1e-5, rtol=1e-5)
+    assert step.lean and (step.table is None) == ("rope_parameters" in extra)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_bf16_and_autocast_use_the_modules_variant_and_match_transformers(model_type: str) -> None:
+    # bf16 weights: the model's own norm modules and SDPA, as transformers runs them -> the same bf16 numbers
+    step = step_vs_transformers(tiny(model_type).to(torch.bfloat16), atol=1e-2, rtol=1e-2)
+    assert not step.lean and step.keys[0].dtype == torch.bfloat16
+    # fp32 weights under bf16 autocast (the CUDA rollout's setting, here on the CPU): not lean either
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        step = step_vs_transformers(tiny(model_type), atol=1e-2, rtol=1e-2)
+    assert not step.lean
 
 
 def test_unsupported_models_are_named_and_decode_the_same_through_their_own_forward(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@
                  generator=, stop=None, stop_window=None) -> list[list[int]]   raw generated ids per prompt
 
 What it does (and what `generate` does on top of it that we do not need here):
-- prompts are LEFT-padded to the longest, W tokens; a boolean key mask [B, 1, 1, W + max_new] marks
+- prompts are LEFT-padded to the longest, W tokens; a boolean key mask [B, W + max_new] marks
   the real prompt tokens and every generated slot; position ids count real tokens only;
 - prefill: one forward over the U ≤ B distinct prompts [U, W] with the model's KV cache
   (`DynamicCache`), logits of the last position only (`logits_to_keep=1`); cache and logits are
@@ -13,7 +13,8 @@ What it does (and what `generate` does on top of it that we do not need here):
   current length — for SDPA a ready boolean 4-D mask, so transformers builds none per step (other
   kernels get the 2-D mask: eager would add a boolean mask, flash wants 2-D). Llama-family models
   (llama, qwen2, qwen3 with SDPA) step through `llama_step.LlamaDecodeStep`: the same computation
-  on the same modules without transformers' per-token wrapping, into a KV cache allocated once;
+  on the same parameters without transformers' per-token wrapping (in fp32 with fewer, fused ops and
+  a hand-written one-query attention), into a KV cache allocated once, given the key mask once;
   any other model runs its own forward (with `Cache.reorder_cache` expanding the prefill's cache);
 - sampling: greedy (`temperature == 0`) is argmax; otherwise softmax(logits / temperature),
   optionally cut to the top-p nucleus, and one categorical draw per row by inverse CDF with B
@@ -27,11 +28,12 @@ Per token: one model forward, ~10 small tensor ops, and one host sync (`finished
 
 Memory beyond the weights (B rows, U distinct prompts, W prompt and N new tokens, c compute bytes,
 V vocab): the KV cache B·(W + N)·2·L·kv_dim·c (Llama step: allocated once, the prefill's U-row
-cache gathered in and freed layer by layer; DynamicCache: grows by concatenation, so while a
-layer's cache is extended its old and new copies coexist for that layer), the prefill's forward
-over U·W tokens, and the sampling tensors B·V·(c + 4 + 4) (logits, fp32 probabilities, their
-cumulative sum; top-p adds a sorted copy and its int64 indices) — planner/memory/hf_generate.py
-models these.
+cache gathered in and freed layer by layer; its fp32 variant adds an additive mask of
+B·kv_heads·(W + N)·4 bytes, negligible beside the cache; no weight matrix is copied;
+DynamicCache: grows by concatenation, so while a layer's cache is extended its old and new copies
+coexist for that layer), the prefill's forward over U·W tokens, and the sampling tensors B·V·(c + 4 + 4)
+(logits, fp32 probabilities, their cumulative sum; top-p adds a sorted copy and its int64
+indices) — planner/memory/hf_generate.py models these.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def decode_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens
     step_mask = key_mask[:, None, None, :] if getattr(model.config, "_attn_implementation", None) == "sdpa" else key_mask.long()
     # Llama-family decoders step without transformers' per-token wrapping (llama_step.py); it
     # gathers the prefill's keys and values into its own buffers
-    fast = LlamaDecodeStep(model, cache, inverse, total_len_tokens=width + max_new_tokens) if unsupported_reason(model) is None else None
+    fast = LlamaDecodeStep(model, cache, inverse, key_mask) if unsupported_reason(model) is None else None
     if fast is None and len(first) < len(prompts):
         cache.reorder_cache(inverse)  # index_select on the batch dim of every layer's keys and values
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device)
@@ -131,7 +133,7 @@ def decode_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens
             break
         last = last + 1
         if fast is not None:
-            logits = fast(token, last, step_mask)
+            logits = fast(token, last)
         else:
             logits = model(input_ids=token[:, None], attention_mask=step_mask[..., : width + steps], position_ids=last, past_key_values=cache,
                            use_cache=True).logits[:, -1]
