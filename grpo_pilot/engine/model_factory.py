@@ -91,12 +91,34 @@ def build_tokenizer(model: str) -> Any:
 
     _, directory = _config_dict(model)
     if directory is not None and ((directory / "tokenizer.json").exists() or (directory / "tokenizer_config.json").exists()):
-        tok = AutoTokenizer.from_pretrained(str(directory))
+        if _generic_tokenizer_json(directory):
+            # a plain tokenizer.json (e.g. the character tokenizer saved by save_model_dir): load it as
+            # written; AutoTokenizer would pick the class of the config's model type (Qwen2Tokenizer for
+            # qwen2) and rebuild its own byte-level pre-tokenizer around the vocabulary
+            from transformers import PreTrainedTokenizerFast
+
+            tok = PreTrainedTokenizerFast.from_pretrained(str(directory))
+        else:
+            tok = AutoTokenizer.from_pretrained(str(directory))
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         tok.padding_side = "left"
         return tok
     return build_char_tokenizer()
+
+
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # what transformers writes for a bare tokenizer.json
+
+
+def _generic_tokenizer_json(directory: Path) -> bool:
+    """Whether `directory` holds a tokenizer.json saved by a generic fast tokenizer (no model-specific class)."""
+    config = directory / "tokenizer_config.json"
+    if not (directory / "tokenizer.json").exists() or not config.exists():
+        return False
+    try:
+        return json.loads(config.read_text()).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def save_model_dir(net: Any, tokenizer: Any, directory: str | Path) -> Path:
