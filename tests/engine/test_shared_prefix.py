@@ -130,3 +130,19 @@ def test_distinct_prompts_and_unsupported_models_take_the_plain_path():
     eager = _actor(tiny("qwen2", attn="eager"), share=True)
     eager.log_probs(grouped_samples())
     assert not eager._shares_prompts and eager.shared_forwards == 0
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_bf16_autocast_gives_transformers_logits(model_type):
+    """Under autocast (the GPU actor's mode; CPU bf16 here) the shared forward runs the same module calls."""
+    from grpo_pilot.engine.shared_prefix import shared_prefix_hidden
+
+    model, samples = tiny(model_type), grouped_samples(seed=3)
+    batch = prefix_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], torch.device("cpu"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = model.lm_head(shared_prefix_hidden(model, batch))
+        theirs = torch.cat([model(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits[0, len(s.prompt_ids) - 1 : -1] for s in samples])
+    assert ours.dtype == theirs.dtype == torch.bfloat16
+    torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
+    ours.float().sum().backward()
+    assert float(model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum()) > 0
