@@ -155,3 +155,94 @@ def test_shared_prefill_and_early_exit() -> None:
     for got, alone in zip(rows, together):
         cut = alone.index(first[1]) + 1 if first[1] in alone else len(alone)
         assert got == alone[:cut] + [0] * (len(alone) - cut)
+
+
+def test_the_compaction_rule_and_its_bounds() -> None:
+    should = decode_module.should_compact
+    assert decode_module.COMPACT_FRACTION == 0.25
+    assert should(1, 4, 0.25) and should(3, 8, 0.25) and not should(1, 5, 0.25) and not should(2, 9, 0.25)
+    assert not should(0, 4, 1e-9) and not should(7, 8, None) and should(8, 8, 1.0) and not should(7, 8, 1.0)
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="compact_fraction"):
+            decode_batch(tiny("qwen2"), PROMPTS, max_new_tokens=2, eos_ids=(1,), pad_id=0, temperature=0.0, top_p=1.0, generator=None,
+                         compact_fraction=bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_keep_rows_shrinks_the_step_and_leaves_the_kept_rows_logits_unchanged(dtype: torch.dtype) -> None:
+    # unchanged up to rounding: the BLAS picks its matmul kernel by the row count (decode.py's docstring)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    from transformers import DynamicCache
+
+    model = tiny("qwen3").to(dtype)
+    ids, real = left_pad(PROMPTS, 0, torch.device("cpu"))
+    positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+    key_mask = torch.ones((len(PROMPTS), ids.shape[1] + 4), dtype=torch.bool)
+    key_mask[:, : ids.shape[1]] = real
+    steps = []
+    with torch.no_grad():
+        for _ in range(2):
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids, attention_mask=real.long(), position_ids=positions, past_key_values=cache, use_cache=True)
+            steps.append(LlamaDecodeStep(model, cache, torch.arange(len(PROMPTS)), key_mask))
+        full, kept = steps
+        assert full.lean == (dtype == torch.float32)
+        token, last = torch.tensor([3, 4, 5, 6, 7]), positions[:, -1:] + 1
+        torch.testing.assert_close(full(token, last), kept(token, last), atol=0, rtol=0)
+        rows = torch.tensor([3, 0, 1])  # rows 2 and 4 finished; the kept ones in a new order
+        kept.keep_rows(rows)
+        assert kept.num_rows == 3 and all(k.shape[0] == 3 for k in kept.keys + kept.values) and kept.mask.shape[0] == 3 * (2 if full.lean else 1)
+        for _ in range(3):  # the kept rows decode exactly as inside the full batch (0 and 1 have left padding, 3 none)
+            last = last + 1
+            ours = full(token, last)
+            torch.testing.assert_close(kept(token[rows], last[rows]), ours[rows], **tol)
+            token = ours.argmax(-1)
+
+
+def decode_batch_sizes(model: torch.nn.Module, fast: bool, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that collects the batch size of every decode forward (the Llama step's calls, or the model's after the prefill)."""
+    sizes: list[int] = []
+    if fast:
+        original = LlamaDecodeStep.__call__
+        monkeypatch.setattr(LlamaDecodeStep, "__call__", lambda self, tokens, positions: (sizes.append(len(tokens)), original(self, tokens, positions))[1])
+    else:
+        monkeypatch.setattr(decode_module, "unsupported_reason", lambda m: "forced")  # transformers' forward + DynamicCache
+        model.register_forward_pre_hook(lambda mod, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]) if kwargs["input_ids"].shape[1] == 1 else None,
+                                        with_kwargs=True)
+    return sizes
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["llama_step", "generic"])
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (1.0, 1.0), (1.0, 0.8)], ids=["greedy", "t1", "t1_top_p"])
+def test_compaction_on_and_off_give_identical_completions(fast: bool, temperature: float, top_p: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    model = tiny("qwen2")
+    sizes = decode_batch_sizes(model, fast, monkeypatch)
+    # 14 rows, 7 distinct prompts: the shared prefill expands 3 of them to 4 or 2 rows
+    prompts = PROMPTS * 2 + [[30 + i, 31 + 2 * i, 60 - i][: i + 1] for i in range(4)]
+    eos = tuple(range(40, 52))  # ~1 in 8 ids ends a row: long-tailed lengths
+
+    def stop(tails: list[list[int]]) -> list[bool]:  # also stop on two ids in a row summing to a multiple of 13
+        return [len(t) == 2 and sum(t) % 13 == 0 for t in tails]
+
+    def run(compact: float | None) -> list[list[int]]:
+        sizes.clear()
+        g = torch.Generator().manual_seed(11)
+        with torch.inference_mode():
+            return decode_batch(model, prompts, max_new_tokens=20, eos_ids=eos, pad_id=0, temperature=temperature, top_p=top_p, generator=g,
+                                stop=stop, stop_window=2, compact_fraction=compact)
+
+    off = run(None)
+    assert sizes and set(sizes) == {len(prompts)}  # never compacted: every forward over all 14 rows
+    on_default = run(decode_module.COMPACT_FRACTION)
+    default_sizes = list(sizes)
+    on_eager = run(1e-9)  # compact as soon as any row finishes
+    assert on_default == off and on_eager == off
+    # compaction really happened: the decode batch shrank, never grew, and ended below the full batch
+    for shrunk in (default_sizes, sizes):
+        assert shrunk == sorted(shrunk, reverse=True) and shrunk[-1] < len(prompts)
+    assert len(set(sizes)) >= len(set(default_sizes)) >= (3 if temperature else 2)
+    # long-tailed, ended both ways: rows stop at their first EOS or stop hit, the longest ran to the loop's end, the rest padded
+    ends = [next(((i + 1, t in eos) for i, t in enumerate(r) if t in eos or (i and (r[i - 1] + t) % 13 == 0)), (len(r), None)) for r in off]
+    assert max(n for n, _ in ends) == len(off[0]) > min(n for n, _ in ends) and {True, False} <= {by_eos for _, by_eos in ends}
+    assert all(r[n:] == [0] * (len(r) - n) for r, (n, _) in zip(off, ends))

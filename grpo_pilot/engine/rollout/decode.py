@@ -1,7 +1,8 @@
 """A lean batched decode loop for a transformers causal LM: one prefill, then one forward per token.
 
     decode_batch(model, prompts, max_new_tokens=, eos_ids=, pad_id=, temperature=, top_p=,
-                 generator=, stop=None, stop_window=None) -> list[list[int]]   raw generated ids per prompt
+                 generator=, stop=None, stop_window=None, compact_fraction=COMPACT_FRACTION)
+        -> list[list[int]]   raw generated ids per prompt
 
 What it does (and what `generate` does on top of it that we do not need here):
 - prompts are LEFT-padded to the longest, W tokens; a boolean key mask [B, W + max_new] marks
@@ -18,13 +19,36 @@ What it does (and what `generate` does on top of it that we do not need here):
   any other model runs its own forward (with `Cache.reorder_cache` expanding the prefill's cache);
 - sampling: greedy (`temperature == 0`) is argmax; otherwise softmax(logits / temperature),
   optionally cut to the top-p nucleus, and one categorical draw per row by inverse CDF with B
-  uniforms from the caller's `torch.Generator` (the caller's seed fixes the completions; the global
-  RNG is never touched). Nucleus rule (as transformers' TopPLogitsWarper and vLLM): tokens sorted by
-  probability are kept while the mass before them is < top_p; the most likely is always kept;
+  uniforms from the caller's `torch.Generator` per token, compacted or not (the caller's seed fixes
+  the completions; the global RNG is never touched). Nucleus rule (as transformers'
+  TopPLogitsWarper and vLLM): tokens sorted by probability are kept while the mass before them
+  is < top_p; the most likely is always kept;
 - a row is finished at its first EOS id or, with a `stop` check, once the check says so for its
   last `stop_window` generated ids (None: all); the exact cut is `completion.finish_completion`'s
-  job. Finished rows are fed `pad_id` (outputs ignored); the loop exits once every row is done.
-Per token: one model forward, ~10 small tensor ops, and one host sync (`finished.all()`).
+  job. A finished row's later slots in the [B, N] result hold `pad_id`; the loop exits once every
+  row is done;
+- compaction: GRPO completion lengths are long-tailed, so most rows finish long before the last
+  one. Finished rows still in the batch are fed `pad_id` (outputs ignored) until they are at least
+  `compact_fraction` (default 1/4) of the batch; then the batch keeps only its running rows (the
+  Llama step's `keep_rows`, or `Cache.reorder_cache` on the DynamicCache — defined for every cache
+  layer type, unlike `batch_select_indices` — plus the step mask), and `alive` maps each batch row to
+  its row of the result. Why 1/4: a compaction copies the running rows' cache once (an index_select
+  of each layer's K and V; the Llama step's whole preallocated W + N slots), about what a decode
+  step's attention reads anyway, while every later
+  step saves the dropped rows' share of its per-row work (q/k/v/o and MLP rows, attention over their
+  cache, the sampling over V). Each compaction shrinks the batch by >= 4/3, so there are at most
+  log_{4/3} B of them (12 for B = 32, 24 for B = 1024) and their copies total < 3x the starting
+  cache (3/4 + (3/4)^2 + ...), and no step computes more than 1/4 dead rows.
+  Reproducibility: every op is per row, but a BLAS picks its matmul kernel by the number of rows
+  (MKL here: fp32 rows of a 3-row and a 5-row product differ in the last bits), so after a
+  compaction a row's logits can differ from the uncompacted loop's by rounding — as they already
+  differ between batch sizes without compaction. The sampler still draws B uniforms per token and
+  gives each running row its own, so the random stream is unchanged: the completions equal those of
+  `compact_fraction=None` (never compact) except where a draw lands within that rounding of a
+  CDF step or an argmax is tied to the last bit, and such a flip changes that row only. The tests
+  check identical completions on vs off for greedy and sampling.
+Per token: one model forward, ~10 small tensor ops, and one host sync (the finished count); a stop
+check adds one more (its running rows' tails).
 
 Memory beyond the weights (B rows, U distinct prompts, W prompt and N new tokens, c compute bytes,
 V vocab): the KV cache B·(W + N)·2·L·kv_dim·c (Llama step: allocated once, the prefill's U-row
@@ -33,7 +57,10 @@ B·kv_heads·(W + N)·4 bytes, negligible beside the cache; no weight matrix is 
 DynamicCache: grows by concatenation, so while a layer's cache is extended its old and new copies
 coexist for that layer), the prefill's forward over U·W tokens, and the sampling tensors B·V·(c + 4 + 4)
 (logits, fp32 probabilities, their cumulative sum; top-p adds a sorted copy and its int64
-indices) — planner/memory/hf_generate.py models these.
+indices) — planner/memory/hf_generate.py models these. Compaction only shrinks this: each
+layer's K (then V) is replaced by its index_select of the R running rows and the old tensor freed
+right after, so the transient is one layer's K or V of R rows (< 1/(2L) of the cache) on top of
+the cache, plus the B draws (4·B bytes) per token.
 """
 
 from __future__ import annotations
@@ -46,6 +73,7 @@ from torch import Tensor
 
 from grpo_pilot.engine.rollout.llama_step import LlamaDecodeStep, unsupported_reason
 
+COMPACT_FRACTION = 0.25  # drop finished rows once they are >= 1/4 of the batch (rule in the module docstring)
 StopCheck = Callable[[list[list[int]]], list[bool]]  # tails of the running rows -> "stop here" per row
 
 
@@ -57,8 +85,12 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
     return torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(real, dtype=torch.bool, device=device)
 
 
-def sample_next(logits: Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None) -> Tensor:
-    """One token id per row [B] from last-position logits [B, V] (see the module docstring)."""
+def sample_next(logits: Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None,
+                uniforms: Tensor | None = None) -> Tensor:
+    """One token id per row [R] from last-position logits [R, V] (see the module docstring).
+
+    `uniforms` [R, 1] fp32 in [0, 1): the draws to use instead of R fresh ones from `generator`
+    (the compacted loop passes the running rows' own draws out of the full batch's B)."""
     if temperature == 0.0:
         return logits.argmax(-1)
     scaled = logits.float()  # a copy for bf16/fp16 logits (divided in place), the same tensor for fp32
@@ -73,23 +105,44 @@ def sample_next(logits: Tensor, *, temperature: float, top_p: float, generator: 
         probs = probs.masked_fill(mass_before >= top_p, 0.0)  # column 0 has mass_before 0: always kept
     cdf = probs.cumsum(-1)
     total = cdf[:, -1:]
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype) * total
+    if uniforms is None:
+        uniforms = draw_uniforms(probs.shape[0], generator, probs.device)
+    u = uniforms.to(cdf.dtype) * total
     # u < total strictly, so the first index with cdf > u exists and has non-zero probability
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     picked = torch.searchsorted(cdf, u, right=True)
     return (order.gather(-1, picked) if order is not None else picked).squeeze(-1)
 
 
+def draw_uniforms(rows: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """[rows, 1] fp32 uniforms in [0, 1) from `generator`: one per row and token, the sampler's whole use of randomness."""
+    return torch.rand((rows, 1), generator=generator, device=device, dtype=torch.float32)
+
+
+def should_compact(num_finished: int, num_rows: int, compact_fraction: float | None) -> bool:
+    """The compaction rule: drop the finished rows once they are at least `compact_fraction` of the batch."""
+    return compact_fraction is not None and num_finished > 0 and num_finished >= compact_fraction * num_rows
+
+
+def _step_mask(model: Any, key_mask: Tensor) -> Tensor:
+    """The mask transformers' forward gets per step: SDPA a ready boolean [R, 1, 1, total], other kernels the 2-D mask."""
+    return key_mask[:, None, None, :] if getattr(model.config, "_attn_implementation", None) == "sdpa" else key_mask.long()
+
+
 def decode_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_ids: Sequence[int], pad_id: int,
                  temperature: float, top_p: float, generator: torch.Generator | None, stop: StopCheck | None = None,
-                 stop_window: int | None = None) -> list[list[int]]:
+                 stop_window: int | None = None, compact_fraction: float | None = COMPACT_FRACTION) -> list[list[int]]:
     """Generated ids per prompt (up to `max_new_tokens`; after a row finishes, `pad_id`s follow).
 
     `model` is a transformers causal LM in eval mode, called under no-grad by the caller. `stop`
     maps the last `stop_window` (None: all) generated ids of each still-running row to "stop here" flags.
+    `compact_fraction` in (0, 1]: drop finished rows from the batch once they are that share of it
+    (None: never; the outputs are the same either way, see the module docstring).
     """
     from transformers import DynamicCache
 
+    if compact_fraction is not None and not 0.0 < compact_fraction <= 1.0:
+        raise ValueError(f"compact_fraction must be in (0, 1] or None, got {compact_fraction}")
     device = next(model.parameters()).device
     # identical prompts (a GRPO group's n copies) share one prefill row; the cache is expanded after
     first: dict[tuple[int, ...], int] = {}
@@ -106,7 +159,7 @@ def decode_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens
     batch, width = real.shape
     key_mask = torch.ones((batch, width + max_new_tokens), dtype=torch.bool, device=device)
     key_mask[:, :width] = real
-    step_mask = key_mask[:, None, None, :] if getattr(model.config, "_attn_implementation", None) == "sdpa" else key_mask.long()
+    step_mask = _step_mask(model, key_mask)
     # Llama-family decoders step without transformers' per-token wrapping (llama_step.py); it
     # gathers the prefill's keys and values into its own buffers
     fast = LlamaDecodeStep(model, cache, inverse, key_mask) if unsupported_reason(model) is None else None
@@ -114,23 +167,43 @@ def decode_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens
         cache.reorder_cache(inverse)  # index_select on the batch dim of every layer's keys and values
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device)
     out = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    alive = torch.arange(batch, device=device)  # the row of `out` of each row in the (compacted) batch
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     last = positions[:, -1:]
     steps = 0  # max_new_tokens >= 1 (SamplingConfig), so at least one token is drawn
     for step in range(max_new_tokens):
-        token = sample_next(logits, temperature=temperature, top_p=top_p, generator=generator)
-        token = token.masked_fill(finished, pad_id)
-        out[:, step] = token
+        compacted = len(alive) < batch
+        # after a compaction, still B draws per token (the caller's random stream as without it), each row its own
+        uniforms = draw_uniforms(batch, generator, device).index_select(0, alive) if compacted and temperature != 0.0 else None
+        token = sample_next(logits, temperature=temperature, top_p=top_p, generator=generator, uniforms=uniforms).masked_fill(finished, pad_id)
+        if compacted:
+            out[:, step].index_copy_(0, alive, token)  # a view of out's column: written in place
+        else:
+            out[:, step] = token
         steps = step + 1
         finished |= torch.isin(token, eos)
         if stop is not None:
-            running = (~finished).nonzero().flatten().tolist()
-            hits = stop(out[running, max(0, steps - (stop_window or steps)) : steps].tolist()) if running else []
-            for row, hit in zip(running, hits):
+            running = (~finished).nonzero().flatten()
+            rows = running.tolist()
+            hits = stop(out[alive[running], max(0, steps - (stop_window or steps)) : steps].tolist()) if rows else []
+            for row, hit in zip(rows, hits):
                 if hit:
                     finished[row] = True
-        if steps == max_new_tokens or bool(finished.all()):
+        if steps == max_new_tokens:
             break
+        num_finished = int(finished.sum())  # the step's one host sync
+        if num_finished == len(alive):
+            break
+        if should_compact(num_finished, len(alive), compact_fraction):
+            keep = (~finished).nonzero().flatten()
+            alive, token, last = alive[keep], token[keep], last[keep]
+            finished = torch.zeros(len(keep), dtype=torch.bool, device=device)
+            if fast is not None:
+                fast.keep_rows(keep)
+            else:
+                cache.reorder_cache(keep)  # index_select per layer's keys and values, the old ones freed as replaced
+                key_mask = key_mask.index_select(0, keep)
+                step_mask = _step_mask(model, key_mask)
         last = last + 1
         if fast is not None:
             logits = fast(token, last)

@@ -3,6 +3,7 @@
     reason = unsupported_reason(model)          None when `LlamaDecodeStep` applies to `model`
     step = LlamaDecodeStep(model, cache, rows, key_mask [B, total_len] bool)   takes over a prefilled DynamicCache
     logits = step(tokens [B], positions [B, 1])    [B, V]; appends to its cache
+    step.keep_rows(rows [R] int64)                  drops every other row (finished completions): B -> R
 
 transformers' own forward of one token costs more Python than arithmetic for a small model: per
 step it prepares the mask and wraps outputs, per layer it dispatches through the attention-interface
@@ -37,6 +38,12 @@ DynamicCache would grow to), allocated once; the prefill's cache (U ≤ B distin
 gathered into it (`rows`: the prefill row of every decoded row) and released layer by layer as it
 is copied. No weight matrix is copied (the planner counts none for the hf rollout); only Qwen3's
 q_norm / k_norm vectors are tiled into a [heads + kv_heads, head_dim] table per layer.
+
+`keep_rows` shrinks the batch to the rows that still decode: every layer's K and V buffer is
+replaced by its `index_select` of those rows (a new [R, kv_heads, total_len, head_dim] tensor; the
+old one is freed as soon as it is replaced, so the transient is one layer's K or V of R rows on top
+of the cache), and so is the per-row mask (additive fp32 or boolean). The rotary table is per
+position, not per row, and stays. Later calls take R tokens and positions.
 """
 
 from __future__ import annotations
@@ -172,6 +179,22 @@ class LlamaDecodeStep:
             self.mask = bias.repeat_interleave(self.num_kv_heads, dim=0)[:, None, :]
         else:
             self.mask = key_mask[:, None, None, :]  # SDPA's boolean mask [B, 1, 1, total]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows B (or R after `keep_rows`) each call decodes."""
+        return int(self.keys[0].shape[0])
+
+    def keep_rows(self, rows: Tensor) -> None:
+        """Keep only `rows` [R] (int64 indices into the current rows, in the order given) of the cache and mask."""
+        for i in range(len(self.keys)):  # one layer's K or V at a time: the old tensor is freed on reassignment
+            self.keys[i] = self.keys[i].index_select(0, rows)
+            self.values[i] = self.values[i].index_select(0, rows)
+        if self.lean:  # [B·kv_heads, 1, total]: the kv_heads rows of a batch row are adjacent (repeat_interleave)
+            total = self.mask.shape[-1]
+            self.mask = self.mask.view(-1, self.num_kv_heads, total).index_select(0, rows).view(-1, 1, total)
+        else:
+            self.mask = self.mask.index_select(0, rows)  # [B, 1, 1, total] bool
 
     def _signed(self, sin: Tensor) -> Tensor:
         """sin± [..., D]: sin with its first half negated, so that rotate_half(x)·sin == roll(x, D/2)·sin±."""
