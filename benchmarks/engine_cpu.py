@@ -187,10 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     trl = next(r for r in rows if r["name"] == "trl")
     print(f"\nmodel: Qwen2 hidden {a.hidden}, {a.layers} layers, {a.heads} heads, char vocab; {a.prompts_per_step} prompts x n={a.n}, "
           f"max {a.max_new} new tokens; {a.rounds} rounds x ({a.warmup} warm-up + {a.steps} measured) steps; 1 thread; torch {torch.__version__}")
-    print(f"{'engine':14s} {'steps':>5s} {'median step s':>13s} {'steps/s':>8s} {'tokens/step':>11s} {'tokens/s':>9s} {'spread':>7s} {'steps/s vs TRL':>14s}")
+    print(f"{'engine':14s} {'steps':>5s} {'median step s':>13s} {'steps/s':>8s} {'tokens/step':>11s} {'tokens/s':>9s} {'spread':>7s} "
+          f"{'steps/s vs TRL':>14s} {'tokens/s vs TRL':>15s}")
     for r in rows:
         print(f"{r['name']:14s} {r['steps']:5d} {r['step_s']:13.3f} {r['steps_per_s']:8.2f} {r['tokens_per_step']:11.0f} {r['tokens_per_s']:9.0f} "
-              f"{r['spread']:7.0%} {r['steps_per_s'] / trl['steps_per_s']:13.2f}x")
+              f"{r['spread']:7.0%} {r['steps_per_s'] / trl['steps_per_s']:13.2f}x {r['tokens_per_s'] / trl['tokens_per_s']:14.2f}x")
     print("spread = (max - min) / median of the kept step times; tokens/step differ when completions stop at EOS at different points.")
     print(f"total wall time {time.perf_counter() - started:.0f} s")
     return 0
