@@ -13,6 +13,7 @@ from grpo_pilot.engine.actor import Actor, LossSettings, Sample, micro_batch_lay
 from grpo_pilot.engine.micro_batches import plan_micro_batches, split_by_padding
 from grpo_pilot.engine.model_factory import build_model
 from grpo_pilot.planner.config import Knobs
+from tiny_models import update_capturing_grads
 
 torch.set_num_threads(1)
 TINY = "examples/tiny"
@@ -141,15 +142,7 @@ def test_padded_rows_reach_attention_without_a_mask(monkeypatch):
 def _update_once(knobs: Knobs, samples, adv, loss, **kw):
     """One update; returns (actor, the accumulated gradients seen by the optimizer, metrics)."""
     actor = make_actor(knobs, **kw)
-    grads: dict[str, torch.Tensor] = {}
-    step = actor.optimizer.step
-
-    def capture(*args, **kwargs):
-        grads.update({n: p.grad.clone() for n, p in actor.policy.named_parameters() if p.grad is not None})
-        return step(*args, **kwargs)
-
-    actor.optimizer.step = capture
-    metrics = actor.update(samples, adv, loss)
+    grads, metrics = update_capturing_grads(actor, samples, adv, loss)
     return actor, grads, metrics
 
 

@@ -10,20 +10,9 @@ import torch
 import grpo_pilot.engine.rollout.decode as decode_module
 from grpo_pilot.engine.rollout.decode import decode_batch, left_pad, sample_next
 from grpo_pilot.engine.rollout.llama_step import LlamaDecodeStep, unsupported_reason
+from tiny_models import VOCAB, tiny
 
-VOCAB = 100
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [5, 6, 7, 8, 9], [20, 21, 22, 23, 24, 25, 26], [11, 12]]
-
-
-def tiny(model_type: str, *, attn: str = "sdpa", **extra: object) -> torch.nn.Module:
-    """2 layers, hidden 64, 4 query heads over 2 KV heads (GQA), random init with std 0.1 (decisive argmaxes)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=0.1, tie_word_embeddings=False,
-                               **extra)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
 
 
 def draws(logits: list[float], *, rows: int = 20000, seed: int = 0, **kw: float) -> torch.Tensor:

@@ -8,20 +8,9 @@ import torch
 from grpo_pilot.engine.actor import Actor, LossSettings, Sample
 from grpo_pilot.engine.shared_prefix import prefix_batch, shared_prefix_unsupported
 from grpo_pilot.planner.config import Knobs
+from tiny_models import VOCAB, tiny, update_capturing_grads
 
 torch.set_num_threads(1)
-VOCAB = 100
-
-
-def tiny(model_type: str, *, attn: str = "sdpa", **extra: object) -> torch.nn.Module:
-    """2 layers, hidden 64, 4 query heads over 2 KV heads (GQA), random init."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=0.1, tie_word_embeddings=False,
-                               **extra)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
 
 
 def grouped_samples(seed: int = 0, prompts: int = 4, n: int = 3) -> list[Sample]:
@@ -58,15 +47,7 @@ def _actor(model: torch.nn.Module, *, share: bool, ckpt: bool = False, with_ref:
 
 
 def _update_grads(actor: Actor, samples: list[Sample], loss: LossSettings, **kw: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    grads: dict[str, torch.Tensor] = {}
-    step = actor.optimizer.step
-
-    def capture(*args, **kwargs):
-        grads.update({n: p.grad.clone() for n, p in actor.policy.named_parameters() if p.grad is not None})
-        return step(*args, **kwargs)
-
-    actor.optimizer.step = capture
-    return grads, actor.update(samples, torch.linspace(-1.0, 1.5, len(samples)), loss, **kw)
+    return update_capturing_grads(actor, samples, torch.linspace(-1.0, 1.5, len(samples)), loss, **kw)
 
 
 @pytest.mark.parametrize(("model_type", "extra"), [("qwen2", {}), ("qwen3", {}), ("llama", {"attention_bias": True, "mlp_bias": True})])
