@@ -27,7 +27,9 @@ from grpo_pilot.models import Frozen
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 # Fields that change nothing about what a step computes: a resumed run may differ in these.
-NOT_HASHED: frozenset[str] = frozenset({"steps", "output_dir", "checkpoint_every", "keep_checkpoints", "resume", "cpu_memory", "threads"})
+# (share_prompts reorders the same arithmetic: equal log-probs and gradients up to float rounding.)
+NOT_HASHED: frozenset[str] = frozenset({"steps", "output_dir", "checkpoint_every", "keep_checkpoints", "resume", "cpu_memory", "threads",
+                                        "share_prompts"})
 
 
 class RunConfig(Frozen):

@@ -63,3 +63,16 @@ def test_rng_roundtrip_reproduces_every_generator():
     random.seed(7), np.random.seed(7), torch.manual_seed(7)
     restore_rng(saved)
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == first
+
+
+def test_config_hash_follows_the_computation_not_execution_details():
+    from grpo_pilot.engine.run_config import RunConfig
+
+    base = RunConfig(dataset="d.jsonl", reward="char_fraction:char=a")
+    plan_json = '{"plan": 1}'
+    # how a step is executed (threads, CPU memory tracker, shared-prompt forward) does not change it
+    for same in (base.model_copy(update={"share_prompts": False}), base.model_copy(update={"threads": 2, "cpu_memory": "rss"})):
+        assert same.hash(plan_json) == base.hash(plan_json)
+    # what a step computes does
+    assert base.model_copy(update={"lr": 2e-6}).hash(plan_json) != base.hash(plan_json)
+    assert base.hash('{"plan": 2}') != base.hash(plan_json)
