@@ -51,7 +51,9 @@ def _cli_run(args: list[str]) -> tuple[float, float, int]:
     """(wall s, child CPU s, exit status) of one `grpo-plan` process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(_cli_command() + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "120"})
+    proc = subprocess.run(
+        _cli_command() + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "120"}
+    )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -66,12 +68,35 @@ def main(argv: list[str] | None = None) -> int:
     spec, cluster, workload, knobs = inputs.model.spec, inputs.cluster, inputs.workload, Knobs()
 
     rows: list[tuple[str, str, str]] = []
-    rows.append(("estimate_memory (one configuration)", f"{_median_s(lambda: estimate_memory(spec, cluster, workload, knobs), 2000) * 1e6:,.0f} µs", "median of 2000"))
-    rows.append(("estimate_time (one configuration)", f"{_median_s(lambda: estimate_time(spec, cluster, workload, knobs), 2000) * 1e6:,.0f} µs", "median of 2000"))
-    rows.append(("assess = memory + time + checks", f"{_median_s(lambda: assess(inputs, knobs), 2000) * 1e6:,.0f} µs", "median of 2000"))
+    rows.append(
+        (
+            "estimate_memory (one configuration)",
+            f"{_median_s(lambda: estimate_memory(spec, cluster, workload, knobs), 2000) * 1e6:,.0f} µs",
+            "median of 2000",
+        )
+    )
+    rows.append(
+        (
+            "estimate_time (one configuration)",
+            f"{_median_s(lambda: estimate_time(spec, cluster, workload, knobs), 2000) * 1e6:,.0f} µs",
+            "median of 2000",
+        )
+    )
+    rows.append(
+        (
+            "assess = memory + time + checks",
+            f"{_median_s(lambda: assess(inputs, knobs), 2000) * 1e6:,.0f} µs",
+            "median of 2000",
+        )
+    )
     first = search(inputs)
-    rows.append((f"full search ({first.trials} Optuna trials + {first.refine_evaluations} refinement evaluations)",
-                 f"{_median_s(lambda: search(inputs), args.runs):.3f} s", f"median of {args.runs}"))
+    rows.append(
+        (
+            f"full search ({first.trials} Optuna trials + {first.refine_evaluations} refinement evaluations)",
+            f"{_median_s(lambda: search(inputs), args.runs):.3f} s",
+            f"median of {args.runs}",
+        )
+    )
     worst = 0.0
     for label, extra in (("table", []), ("--json", ["--json"])):
         runs = [_cli_run(["--model", MODEL, "--gpus", GPUS, *extra]) for _ in range(args.runs)]
@@ -81,7 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         wall = statistics.median(w for w, _, _ in runs)
         cpu = statistics.median(c for _, c, _ in runs)
         worst = max(worst, wall)
-        rows.append((f"grpo-plan --model {MODEL} --gpus {GPUS} ({label})", f"{wall:.2f} s wall", f"CPU {cpu:.2f} s; median of {args.runs}"))
+        rows.append(
+            (
+                f"grpo-plan --model {MODEL} --gpus {GPUS} ({label})",
+                f"{wall:.2f} s wall",
+                f"CPU {cpu:.2f} s; median of {args.runs}",
+            )
+        )
 
     table = Table(title=f"planning latency ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
     for col in ("what", "time", "note"):

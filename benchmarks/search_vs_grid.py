@@ -32,12 +32,25 @@ TOLERANCE = 0.02
 SCENARIOS: list[tuple[str, str, Workload, dict[str, Any]]] = [
     ("qwen-32b", "8xA100-80G", Workload(), {"enforce_eager": False, "fused_logprob": False, "ulysses_sp": 1}),
     ("qwen2.5-7b", "8xH100", Workload(), {"enforce_eager": False, "ref_param_offload": False, "ulysses_sp": 1}),
-    ("llama-8b", "4xA100-40G", Workload(prompts_per_step=256, mini_batch_prompts=64, n=8, response_len_tokens=2048),
-     {"enforce_eager": False, "fused_logprob": True, "ulysses_sp": 1}),
-    ("qwen-1.7b", "2xL40S", Workload(prompts_per_step=128, mini_batch_prompts=32, n=8), {"enforce_eager": False, "ulysses_sp": 1, "ref_param_offload": False}),
+    (
+        "llama-8b",
+        "4xA100-40G",
+        Workload(prompts_per_step=256, mini_batch_prompts=64, n=8, response_len_tokens=2048),
+        {"enforce_eager": False, "fused_logprob": True, "ulysses_sp": 1},
+    ),
+    (
+        "qwen-1.7b",
+        "2xL40S",
+        Workload(prompts_per_step=128, mini_batch_prompts=32, n=8),
+        {"enforce_eager": False, "ulysses_sp": 1, "ref_param_offload": False},
+    ),
     # long responses on 40 GB GPUs: the best plan changes TP, SP, eager and checkpointing together
-    ("qwen-14b", "8xA100-40G", Workload(response_len_tokens=4096),
-     {"param_offload": True, "optimizer_offload": True, "ref_param_offload": True, "fused_logprob": True}),
+    (
+        "qwen-14b",
+        "8xA100-40G",
+        Workload(response_len_tokens=4096),
+        {"param_offload": True, "optimizer_offload": True, "ref_param_offload": True, "fused_logprob": True},
+    ),
 ]
 QUICK_EXTRA_PINS: dict[str, Any] = {"param_offload": False, "optimizer_offload": True, "gradient_checkpointing": True}
 
@@ -65,7 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="search with seeds 0..N-1; the worst ratio is the verdict")
     args = parser.parse_args(argv)
     table = Table(title=f"search ({DEFAULT_TRIALS} Optuna trials + refinement) vs exhaustive grid")
-    for col in ("model", "cluster", "grid points", "feasible", "grid best tok/s", "grid s", "search best tok/s", "trials + refine evals", "search s", "search/grid", f"worst of {args.seeds} seeds"):
+    for col in (
+        "model",
+        "cluster",
+        "grid points",
+        "feasible",
+        "grid best tok/s",
+        "grid s",
+        "search best tok/s",
+        "trials + refine evals",
+        "search s",
+        "search/grid",
+        f"worst of {args.seeds} seeds",
+    ):
         table.add_column(col, justify="right" if col not in ("model", "cluster") else "left")
     worst = 1.0
     for model, gpus, workload, pins in SCENARIOS:
@@ -84,9 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         first = ratio(result)
         seeds_worst = min([first] + [ratio(search(inputs, pins=pins, seed=s)) for s in range(1, args.seeds)])
         worst = min(worst, seeds_worst)
-        table.add_row(model, gpus, f"{points:,}", f"{feasible:,}", f"{grid_best:,.0f}", f"{t1 - t0:.1f}",
-                      f"{objective_value(result.best):,.0f}", f"{result.trials} + {result.refine_evaluations}", f"{t2 - t1:.2f}",
-                      f"{first:.4f}", f"{seeds_worst:.4f}")
+        table.add_row(
+            model,
+            gpus,
+            f"{points:,}",
+            f"{feasible:,}",
+            f"{grid_best:,.0f}",
+            f"{t1 - t0:.1f}",
+            f"{objective_value(result.best):,.0f}",
+            f"{result.trials} + {result.refine_evaluations}",
+            f"{t2 - t1:.2f}",
+            f"{first:.4f}",
+            f"{seeds_worst:.4f}",
+        )
     Console(width=200).print(table)
     verdict = "PASS" if worst >= 1 - TOLERANCE else "FAIL"
     print(f"{verdict}: worst search/grid ratio over scenarios and seeds {worst:.4f} (criterion >= {1 - TOLERANCE:.2f})")

@@ -34,25 +34,39 @@ CASES: list[tuple[str, str, int, int, int, bool, int | None]] = [
 ]
 
 
-def run_case(model: str, cluster_text: str, micro: int, prompt: int, response: int, ckpt: bool, budget: int | None) -> TracedComparison:
+def run_case(
+    model: str, cluster_text: str, micro: int, prompt: int, response: int, ckpt: bool, budget: int | None
+) -> TracedComparison:
     spec = resolve_model(model).spec
-    workload = Workload(prompts_per_step=256, mini_batch_prompts=64, n=8, prompt_len_tokens=prompt, response_len_tokens=response)
+    workload = Workload(
+        prompts_per_step=256, mini_batch_prompts=64, n=8, prompt_len_tokens=prompt, response_len_tokens=response
+    )
     knobs = Knobs(micro_batch_size_per_gpu=micro, gradient_checkpointing=ckpt, max_token_len_per_gpu=budget)
     return compare_with_analytic(spec, parse_cluster(cluster_text), workload, knobs)
 
 
 def print_case(c: TracedComparison, ckpt: bool, budget: int | None) -> None:
-    shape = f"{c.traced.micro_batch_seqs}x{c.traced.seq_len_tokens} " + ("packed in one row" if c.traced.packed else "rows")
+    shape = f"{c.traced.micro_batch_seqs}x{c.traced.seq_len_tokens} " + (
+        "packed in one row" if c.traced.packed else "rows"
+    )
     batching = f"dynamic {budget}: {shape}" if budget else shape
-    print(f"\n{c.model_name} on {c.cluster_label}  micro-batch {batching} ({c.tokens_per_micro_batch} tokens)  "
-          f"checkpointing {'on' if ckpt else 'off'}  traced in {c.traced.trace_s:.1f} s  (peak at {c.traced.peak_at})")
+    print(
+        f"\n{c.model_name} on {c.cluster_label}  micro-batch {batching} ({c.tokens_per_micro_batch} tokens)  "
+        f"checkpointing {'on' if ckpt else 'off'}  traced in {c.traced.trace_s:.1f} s  (peak at {c.traced.peak_at})"
+    )
     print(f"  {'row':34s} {'analytic GiB':>13s} {'traced GiB':>11s} {'diff GiB':>9s}")
     for r in c.rows:
-        print(f"  {r.row:34s} {r.analytic_bytes / GiB:13.3f} {r.traced_bytes / GiB:11.3f} {(r.analytic_bytes - r.traced_bytes) / GiB:9.3f}")
-    print(f"  {'total (tensors)':34s} {c.analytic_traceable_bytes / GiB:13.3f} {c.traced_peak_bytes / GiB:11.3f} "
-          f"{(c.analytic_traceable_bytes - c.traced_peak_bytes) / GiB:9.3f}   analytic/traced − 1 = {c.relative_error:+.1%}")
-    print(f"  {'not traced (analytic only)':34s} {sum(c.not_traced.values()) / GiB:13.3f}   "
-          + ", ".join(f"{k} {v / GiB:.2f}" for k, v in c.not_traced.items() if v))
+        print(
+            f"  {r.row:34s} {r.analytic_bytes / GiB:13.3f} {r.traced_bytes / GiB:11.3f} {(r.analytic_bytes - r.traced_bytes) / GiB:9.3f}"
+        )
+    print(
+        f"  {'total (tensors)':34s} {c.analytic_traceable_bytes / GiB:13.3f} {c.traced_peak_bytes / GiB:11.3f} "
+        f"{(c.analytic_traceable_bytes - c.traced_peak_bytes) / GiB:9.3f}   analytic/traced − 1 = {c.relative_error:+.1%}"
+    )
+    print(
+        f"  {'not traced (analytic only)':34s} {sum(c.not_traced.values()) / GiB:13.3f}   "
+        + ", ".join(f"{k} {v / GiB:.2f}" for k, v in c.not_traced.items() if v)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,10 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         print_case(comp, ckpt, budget)
         summary.append((comp, ckpt))
         sys.stdout.flush()
-    print(f"\n{'model':16s} {'tokens':>7s} {'ckpt':>5s} {'analytic GiB':>13s} {'traced GiB':>11s} {'rel. error':>10s} {'trace s':>8s}")
+    print(
+        f"\n{'model':16s} {'tokens':>7s} {'ckpt':>5s} {'analytic GiB':>13s} {'traced GiB':>11s} {'rel. error':>10s} {'trace s':>8s}"
+    )
     for comp, ckpt in summary:
-        print(f"{comp.model_name:16s} {comp.tokens_per_micro_batch:7d} {'on' if ckpt else 'off':>5s} {comp.analytic_traceable_bytes / GiB:13.2f} "
-              f"{comp.traced_peak_bytes / GiB:11.2f} {comp.relative_error:+10.1%} {comp.traced.trace_s:8.1f}")
+        print(
+            f"{comp.model_name:16s} {comp.tokens_per_micro_batch:7d} {'on' if ckpt else 'off':>5s} {comp.analytic_traceable_bytes / GiB:13.2f} "
+            f"{comp.traced_peak_bytes / GiB:11.2f} {comp.relative_error:+10.1%} {comp.traced.trace_s:8.1f}"
+        )
     print(f"total wall time {time.perf_counter() - started:.0f} s")
     return 0
 

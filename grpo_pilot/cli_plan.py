@@ -29,7 +29,9 @@ TARGETS = ("grpo-pilot", "verl", "trl")
 EMITS = ("verl", "trl")
 _NONE_WORDS = {"none", "null", ""}
 
-app = typer.Typer(add_completion=False, help="Plan a GRPO run: per-GPU memory by phase, step time, and the knobs that fit.")
+app = typer.Typer(
+    add_completion=False, help="Plan a GRPO run: per-GPU memory by phase, step time, and the knobs that fit."
+)
 
 
 def parse_pins(texts: list[str]) -> dict[str, Any]:
@@ -59,7 +61,10 @@ def _workload(**fields: Any) -> Workload:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "workload"
-        raise InputError(f"Bad workload ({where}): {first['msg']}.", "Check --prompts-per-step, --mini-batch, --n, --prompt-len, --response-len.") from None
+        raise InputError(
+            f"Bad workload ({where}): {first['msg']}.",
+            "Check --prompts-per-step, --mini-batch, --n, --prompt-len, --response-len.",
+        ) from None
 
 
 def _gib(n: int | float) -> str:
@@ -102,18 +107,27 @@ def render(plan: Plan, console: Console, pins: dict[str, Any]) -> None:
     """The human view: header, knobs, memory by phase and item, host RAM, step time."""
     m, c = plan.model, plan.cluster
     alias = f"'{m.requested}' resolved to {m.resolved}" + (f" ({m.hub_id})" if m.hub_id else "")
-    console.print(f"[bold]{alias}[/bold], {_count(m.spec.num_params)} params · {c.label()} "
-                  f"({c.world_size} × {c.gpu.name}, {_gib(c.gpu.memory_bytes)} GiB each, {_gib(plan.usable_gpu_bytes)} GiB usable) · "
-                  f"target {plan.target}")
+    console.print(
+        f"[bold]{alias}[/bold], {_count(m.spec.num_params)} params · {c.label()} "
+        f"({c.world_size} × {c.gpu.name}, {_gib(c.gpu.memory_bytes)} GiB each, {_gib(plan.usable_gpu_bytes)} GiB usable) · "
+        f"target {plan.target}"
+    )
     w = plan.workload
-    console.print(f"workload: {w.prompts_per_step} prompts/step × n={w.n}, mini-batch {w.mini_batch_prompts}, "
-                  f"prompt {w.prompt_len_tokens} + response {w.response_len_tokens} tokens, KL loss {'on' if w.use_kl_loss else 'off'}")
+    console.print(
+        f"workload: {w.prompts_per_step} prompts/step × n={w.n}, mini-batch {w.mini_batch_prompts}, "
+        f"prompt {w.prompt_len_tokens} + response {w.response_len_tokens} tokens, KL loss {'on' if w.use_kl_loss else 'off'}"
+    )
     p = plan.provenance
-    how = (f"search: {p.search_trials} Optuna trials ({p.feasible_trials} feasible) + {p.refine_evaluations} refinement evaluations, seed {p.search_seed}"
-           if p.search_trials else "every searched knob pinned: evaluated as given")
+    how = (
+        f"search: {p.search_trials} Optuna trials ({p.feasible_trials} feasible) + {p.refine_evaluations} refinement evaluations, seed {p.search_seed}"
+        if p.search_trials
+        else "every searched knob pinned: evaluated as given"
+    )
     verdict = "[green]FITS[/green]" if plan.fits else "[red]DOES NOT FIT[/red]"
-    console.print(f"{verdict} · peak {_gib(plan.peak_gpu_bytes)} of {_gib(plan.usable_gpu_bytes)} GiB usable · "
-                  f"binding: {plan.binding_constraint or '—'} · {how}")
+    console.print(
+        f"{verdict} · peak {_gib(plan.peak_gpu_bytes)} of {_gib(plan.usable_gpu_bytes)} GiB usable · "
+        f"binding: {plan.binding_constraint or '—'} · {how}"
+    )
 
     defaults = Knobs()
     knobs = Table(title="knobs")
@@ -126,7 +140,9 @@ def render(plan: Plan, console: Console, pins: dict[str, Any]) -> None:
     console.print(knobs)
 
     unit = _mem_unit(max(plan.phases[ph].total_bytes for ph in PHASES))
-    mem = Table(title=f"{'CPU' if c.gpu.is_cpu else 'GPU'} memory per phase ({unit[0]}, one {'process' if c.gpu.is_cpu else 'GPU'})")
+    mem = Table(
+        title=f"{'CPU' if c.gpu.is_cpu else 'GPU'} memory per phase ({unit[0]}, one {'process' if c.gpu.is_cpu else 'GPU'})"
+    )
     mem.add_column("item")
     for phase in PHASES:
         mem.add_column(phase, justify="right")
@@ -164,15 +180,26 @@ def render(plan: Plan, console: Console, pins: dict[str, Any]) -> None:
     time.add_section()
     time.add_row("[bold]step[/bold]", f"[bold]{_secs(plan.predicted_step_s)}[/bold]", "")
     console.print(time)
-    console.print(f"throughput {plan.tokens_per_s:,.0f} tokens/s (cluster) · MFU {plan.mfu:.1%} · "
-                  f"KV cache {plan.kv_cache_tokens_per_gpu:,} tokens/GPU · {plan.max_concurrent_seqs} concurrent sequences per replica")
+    console.print(
+        f"throughput {plan.tokens_per_s:,.0f} tokens/s (cluster) · MFU {plan.mfu:.1%} · "
+        f"KV cache {plan.kv_cache_tokens_per_gpu:,} tokens/GPU · {plan.max_concurrent_seqs} concurrent sequences per replica"
+    )
     for v in plan.violations:
         console.print(f"[red]violation:[/red] {v}")
     for s in plan.suggestions:
         console.print(f"[yellow]suggestion:[/yellow] {s}")
 
 
-def _plan(model: str, gpus: str, host_ram: Optional[str], target: str, workload: Workload, pins: dict[str, Any], trials: int, seed: int) -> Plan:
+def _plan(
+    model: str,
+    gpus: str,
+    host_ram: Optional[str],
+    target: str,
+    workload: Workload,
+    pins: dict[str, Any],
+    trials: int,
+    seed: int,
+) -> Plan:
     """Resolve inputs, search, and return the plan (suggestions attached when it does not fit)."""
     from grpo_pilot.planner.evaluate import PlanInputs, model_ref
     from grpo_pilot.planner.make_plan import make_plan
@@ -192,21 +219,50 @@ def _plan(model: str, gpus: str, host_ram: Optional[str], target: str, workload:
 @app.command()
 @handle_errors
 def main(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Bundled alias (qwen-32b, llama-8b, ...), hub id of a bundled model, or a path to an HF config.json / model dir."),
-    gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="Cluster: 8xA100-80G, 8xH100, 2x8xH100-80G, 16xH20, 1xcpu, or 'local' (detect this node's GPUs)."),
-    host_ram: Optional[str] = typer.Option(None, "--host-ram", help="Host RAM per node, e.g. 1TiB, 512GiB (default 1 TiB)."),
-    target: Optional[str] = typer.Option(None, "--target", help="Executor the estimate models: grpo-pilot, verl or trl (default: the --emit framework, else grpo-pilot)."),
-    prompts_per_step: int = typer.Option(1024, "--prompts-per-step", min=1, help="Prompts per step (verl data.train_batch_size)."),
-    mini_batch: int = typer.Option(256, "--mini-batch", min=1, help="Prompts per PPO mini-batch (one optimizer step each)."),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Bundled alias (qwen-32b, llama-8b, ...), hub id of a bundled model, or a path to an HF config.json / model dir.",
+    ),
+    gpus: Optional[str] = typer.Option(
+        None,
+        "--gpus",
+        "-g",
+        help="Cluster: 8xA100-80G, 8xH100, 2x8xH100-80G, 16xH20, 1xcpu, or 'local' (detect this node's GPUs).",
+    ),
+    host_ram: Optional[str] = typer.Option(
+        None, "--host-ram", help="Host RAM per node, e.g. 1TiB, 512GiB (default 1 TiB)."
+    ),
+    target: Optional[str] = typer.Option(
+        None,
+        "--target",
+        help="Executor the estimate models: grpo-pilot, verl or trl (default: the --emit framework, else grpo-pilot).",
+    ),
+    prompts_per_step: int = typer.Option(
+        1024, "--prompts-per-step", min=1, help="Prompts per step (verl data.train_batch_size)."
+    ),
+    mini_batch: int = typer.Option(
+        256, "--mini-batch", min=1, help="Prompts per PPO mini-batch (one optimizer step each)."
+    ),
     n: int = typer.Option(5, "--n", min=1, help="Responses per prompt (group size)."),
     prompt_len: int = typer.Option(512, "--prompt-len", min=1, help="Longest prompt, tokens."),
     response_len: int = typer.Option(1024, "--response-len", min=1, help="Longest response, tokens."),
     kl: bool = typer.Option(True, "--kl/--no-kl", help="KL loss against a frozen reference model."),
-    trials: int = typer.Option(0, "--trials", min=0, help=f"Optuna sampler trials before the local refinement (0 = the default, {DEFAULT_TRIALS})."),
+    trials: int = typer.Option(
+        0,
+        "--trials",
+        min=0,
+        help=f"Optuna sampler trials before the local refinement (0 = the default, {DEFAULT_TRIALS}).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Sampler seed (same inputs + seed = same plan)."),
-    pin: list[str] = typer.Option([], "--pin", help=f"Fix a knob, KEY=VALUE (repeatable). Keys: {', '.join(KNOB_KEYS)}."),
+    pin: list[str] = typer.Option(
+        [], "--pin", help=f"Fix a knob, KEY=VALUE (repeatable). Keys: {', '.join(KNOB_KEYS)}."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print only the plan JSON on stdout."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write plan.json here (atomically; only when the plan fits)."),
+    out: Optional[str] = typer.Option(
+        None, "--out", "-o", help="Write plan.json here (atomically; only when the plan fits)."
+    ),
     emit: Optional[str] = typer.Option(None, "--emit", help="Also print the run configuration for 'verl' or 'trl'."),
     list_models_flag: bool = typer.Option(False, "--list-models", help="List bundled models and exit."),
 ) -> None:
@@ -216,17 +272,28 @@ def main(
         return
     if not model or not gpus:
         missing = " and ".join(f for f, v in (("--model", model), ("--gpus", gpus)) if not v)
-        raise InputError(f"{missing} {'is' if ' and ' not in missing else 'are'} required.", "Example: grpo-plan --model qwen-32b --gpus 8xA100-80G (see --list-models, --help).")
+        raise InputError(
+            f"{missing} {'is' if ' and ' not in missing else 'are'} required.",
+            "Example: grpo-plan --model qwen-32b --gpus 8xA100-80G (see --list-models, --help).",
+        )
     if emit is not None and emit not in EMITS:
         raise InputError(f"Unknown --emit '{emit}'.", f"Choose one of: {', '.join(EMITS)}.")
     target = target or emit or "grpo-pilot"  # --emit verl plans for verl's memory behaviour unless told otherwise
     if target not in TARGETS:
         raise InputError(f"Unknown --target '{target}'.", f"Choose one of: {', '.join(TARGETS)}.")
     if emit and json_out:
-        raise InputError("--emit and --json both want stdout.", "Use --json --out plan.json, then run again with --emit.")
+        raise InputError(
+            "--emit and --json both want stdout.", "Use --json --out plan.json, then run again with --emit."
+        )
     pins = parse_pins(pin)
-    workload = _workload(prompts_per_step=prompts_per_step, mini_batch_prompts=mini_batch, n=n, prompt_len_tokens=prompt_len,
-                         response_len_tokens=response_len, use_kl_loss=kl)
+    workload = _workload(
+        prompts_per_step=prompts_per_step,
+        mini_batch_prompts=mini_batch,
+        n=n,
+        prompt_len_tokens=prompt_len,
+        response_len_tokens=response_len,
+        use_kl_loss=kl,
+    )
     plan = _plan(model, gpus, host_ram, target, workload, pins, trials or DEFAULT_TRIALS, seed)
     if json_out:
         typer.echo(plan.to_json(), nl=False)

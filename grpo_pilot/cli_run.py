@@ -25,10 +25,16 @@ def main(
     plan: Path = typer.Argument(..., help="plan.json written by grpo-plan --out."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="Run config (TOML or JSON); flags override it."),
     dataset: Optional[str] = typer.Option(None, help="JSONL prompt set."),
-    dataset_format: Optional[str] = typer.Option(None, "--format", help="auto | prompt_answer | instruction_response | input_output | messages."),
+    dataset_format: Optional[str] = typer.Option(
+        None, "--format", help="auto | prompt_answer | instruction_response | input_output | messages."
+    ),
     transform: Optional[str] = typer.Option(None, help="Record transform 'module:function' or 'file.py:function'."),
-    skip_invalid: Optional[bool] = typer.Option(None, "--skip-invalid/--no-skip-invalid", help="Skip and count bad records instead of stopping."),
-    reward: Optional[str] = typer.Option(None, help="Reward spec, e.g. 'char_fraction:char=a' or 'exact_match=1,format=0.5'."),
+    skip_invalid: Optional[bool] = typer.Option(
+        None, "--skip-invalid/--no-skip-invalid", help="Skip and count bad records instead of stopping."
+    ),
+    reward: Optional[str] = typer.Option(
+        None, help="Reward spec, e.g. 'char_fraction:char=a' or 'exact_match=1,format=0.5'."
+    ),
     steps: Optional[int] = typer.Option(None, help="GRPO steps to run."),
     lr: Optional[float] = typer.Option(None, help="Learning rate."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory."),
@@ -40,7 +46,9 @@ def main(
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the output directory."),
     device: Optional[str] = typer.Option(None, help="auto | cpu | cuda."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads."),
-    set_: list[str] = typer.Option([], "--set", help="Any run setting as KEY=VALUE (repeatable), e.g. --set clip_high=0.28."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Any run setting as KEY=VALUE (repeatable), e.g. --set clip_high=0.28."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live display and no summary table."),
 ) -> None:
     """Run GRPO for PLAN and write metrics.jsonl, checkpoints and profile.json."""
@@ -52,9 +60,22 @@ def main(
     the_plan = load_plan(plan)
     file_values = read_config_file(config) if config is not None else {}
     flags = {
-        "dataset": dataset, "dataset_format": dataset_format, "transform": transform, "skip_invalid": skip_invalid, "reward": reward,
-        "steps": steps, "lr": lr, "output_dir": out, "seed": seed, "rollout_backend": backend, "temperature": temperature,
-        "max_new_tokens": max_new_tokens, "checkpoint_every": checkpoint_every, "resume": resume or None, "device": device, "threads": threads,
+        "dataset": dataset,
+        "dataset_format": dataset_format,
+        "transform": transform,
+        "skip_invalid": skip_invalid,
+        "reward": reward,
+        "steps": steps,
+        "lr": lr,
+        "output_dir": out,
+        "seed": seed,
+        "rollout_backend": backend,
+        "temperature": temperature,
+        "max_new_tokens": max_new_tokens,
+        "checkpoint_every": checkpoint_every,
+        "resume": resume or None,
+        "device": device,
+        "threads": threads,
     }
     flags.update(parse_set_option(set_))
     cfg = build_run_config(file_values, flags, source=f"run config ({config})" if config else "command line")
@@ -68,7 +89,9 @@ def main(
         return
     out_console = Console(file=sys.stdout)
     if result.last_step == result.start_step:
-        out_console.print(f"nothing to do: the run in {result.output_dir} is already at step {result.start_step} of {cfg.steps}.")
+        out_console.print(
+            f"nothing to do: the run in {result.output_dir} is already at step {result.start_step} of {cfg.steps}."
+        )
         return
     out_console.print(summary_table(result.profile))
     last = result.last_record or {}

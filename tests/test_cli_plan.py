@@ -20,9 +20,19 @@ runner = CliRunner()
 FAST = ["--trials", "20"]
 CONTRACT = ("schema_version", "fits", "knobs", "peak_gpu_bytes", "usable_gpu_bytes", "predicted_step_s", "phases")
 # every searched knob pinned (qwen2.5-7b on 8xH100 fits with these)
-ALL_PINS = ["rollout_tp=2", "gpu_memory_utilization=0.6", "micro_batch_size_per_gpu=4", "log_prob_max_token_len_per_gpu=6144",
-            "param_offload=false", "optimizer_offload=false", "ref_param_offload=true", "gradient_checkpointing=true",
-            "fused_logprob=false", "enforce_eager=false", "ulysses_sp=1"]
+ALL_PINS = [
+    "rollout_tp=2",
+    "gpu_memory_utilization=0.6",
+    "micro_batch_size_per_gpu=4",
+    "log_prob_max_token_len_per_gpu=6144",
+    "param_offload=false",
+    "optimizer_offload=false",
+    "ref_param_offload=true",
+    "gradient_checkpointing=true",
+    "fused_logprob=false",
+    "enforce_eager=false",
+    "ulysses_sp=1",
+]
 
 
 def run(*args: str):
@@ -61,10 +71,25 @@ def test_table_output_names_the_resolved_model_and_every_section() -> None:
 
 def test_out_writes_a_loadable_plan(tmp_path: Path) -> None:
     target = tmp_path / "plans" / "plan.json"
-    r = run("--model", "qwen-7b", "--gpus", "8xH100", "--out", str(target), "--no-kl", "--n", "8", "--prompts-per-step", "512", *FAST)
+    r = run(
+        "--model",
+        "qwen-7b",
+        "--gpus",
+        "8xH100",
+        "--out",
+        str(target),
+        "--no-kl",
+        "--n",
+        "8",
+        "--prompts-per-step",
+        "512",
+        *FAST,
+    )
     assert r.exit_code == 0, r.stderr
     plan = load_plan(target)
-    assert plan.fits and not plan.workload.use_kl_loss and plan.workload.n == 8 and plan.workload.prompts_per_step == 512
+    assert (
+        plan.fits and not plan.workload.use_kl_loss and plan.workload.n == 8 and plan.workload.prompts_per_step == 512
+    )
     assert [p.name for p in target.parent.iterdir()] == ["plan.json"]  # no temp file left behind
 
 
@@ -93,13 +118,16 @@ def test_malformed_gpus_lists_accepted_forms() -> None:
         assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("pin,expected", [
-    ("foo=1", "not KEY=VALUE with a known knob key"),
-    ("rollout_tp", "not KEY=VALUE"),
-    ("rollout_tp=abc", "--pin rollout_tp=abc"),
-    ("gpu_memory_utilization=1.5", "--pin gpu_memory_utilization=1.5"),
-    ("placement=sideways", "--pin placement=sideways"),
-])
+@pytest.mark.parametrize(
+    "pin,expected",
+    [
+        ("foo=1", "not KEY=VALUE with a known knob key"),
+        ("rollout_tp", "not KEY=VALUE"),
+        ("rollout_tp=abc", "--pin rollout_tp=abc"),
+        ("gpu_memory_utilization=1.5", "--pin gpu_memory_utilization=1.5"),
+        ("placement=sideways", "--pin placement=sideways"),
+    ],
+)
 def test_bad_pins_are_usage_errors_listing_keys(pin: str, expected: str) -> None:
     r = run("--model", "qwen-7b", "--gpus", "8xH100", "--pin", pin)
     assert r.exit_code == 2
@@ -107,21 +135,38 @@ def test_bad_pins_are_usage_errors_listing_keys(pin: str, expected: str) -> None
 
 
 def test_parse_pins_coerces_types() -> None:
-    got = parse_pins(["param_offload=yes", "max_token_len_per_gpu=none", "gpu_memory_utilization=0.7", "placement=split", "ulysses-sp=2"])
-    assert got == {"param_offload": True, "max_token_len_per_gpu": None, "gpu_memory_utilization": 0.7, "placement": "split", "ulysses_sp": 2}
+    got = parse_pins(
+        [
+            "param_offload=yes",
+            "max_token_len_per_gpu=none",
+            "gpu_memory_utilization=0.7",
+            "placement=split",
+            "ulysses-sp=2",
+        ]
+    )
+    assert got == {
+        "param_offload": True,
+        "max_token_len_per_gpu": None,
+        "gpu_memory_utilization": 0.7,
+        "placement": "split",
+        "ulysses_sp": 2,
+    }
     with pytest.raises(InputError):
         parse_pins(["rollout_tp=0"])
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["--gpus", "8xH100"], "--model is required"),
-    (["--model", "qwen-7b"], "--gpus is required"),
-    (["--model", "qwen-7b", "--gpus", "8xH100", "--target", "deepspeed"], "Unknown --target"),
-    (["--model", "qwen-7b", "--gpus", "8xH100", "--emit", "axolotl"], "Unknown --emit"),
-    (["--model", "qwen-7b", "--gpus", "8xH100", "--emit", "verl", "--json"], "--emit and --json"),
-    (["--model", "qwen-7b", "--gpus", "8xH100", "--mini-batch", "2048"], "exceeds prompts_per_step"),
-    (["--model", "qwen-7b", "--gpus", "8xH100", "--host-ram", "lots"], "Cannot read the size"),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--gpus", "8xH100"], "--model is required"),
+        (["--model", "qwen-7b"], "--gpus is required"),
+        (["--model", "qwen-7b", "--gpus", "8xH100", "--target", "deepspeed"], "Unknown --target"),
+        (["--model", "qwen-7b", "--gpus", "8xH100", "--emit", "axolotl"], "Unknown --emit"),
+        (["--model", "qwen-7b", "--gpus", "8xH100", "--emit", "verl", "--json"], "--emit and --json"),
+        (["--model", "qwen-7b", "--gpus", "8xH100", "--mini-batch", "2048"], "exceeds prompts_per_step"),
+        (["--model", "qwen-7b", "--gpus", "8xH100", "--host-ram", "lots"], "Cannot read the size"),
+    ],
+)
 def test_usage_errors_exit_2(args: list[str], expected: str) -> None:
     r = run(*args)
     assert r.exit_code == 2
@@ -145,7 +190,14 @@ def test_nothing_fits_exits_3_with_binding_and_suggestions(tmp_path: Path) -> No
 
 
 def test_pinned_config_that_does_not_fit_still_prints_json() -> None:
-    r = run("--model", "qwen-32b", "--gpus", "8xA100-80G", "--json", *pins([p.replace("ref_param_offload=true", "ref_param_offload=false") for p in ALL_PINS]))
+    r = run(
+        "--model",
+        "qwen-32b",
+        "--gpus",
+        "8xA100-80G",
+        "--json",
+        *pins([p.replace("ref_param_offload=true", "ref_param_offload=false") for p in ALL_PINS]),
+    )
     assert r.exit_code == 3
     plan = json.loads(r.stdout)
     assert plan["fits"] is False and plan["violations"] and plan["suggestions"]
@@ -175,9 +227,16 @@ def test_list_models() -> None:
 def test_installed_entry_point_runs_as_a_process() -> None:
     exe = Path(sys.executable).with_name("grpo-plan")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from grpo_pilot.cli import plan_entry; plan_entry()"]
-    proc = subprocess.run(cmd + ["--model", "qwen-32b", "--gpus", "8xA100-80G", "--json"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "120"})
+    proc = subprocess.run(
+        cmd + ["--model", "qwen-32b", "--gpus", "8xA100-80G", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "120"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["fits"] is True
     bad = subprocess.run(cmd + ["--model", "nope", "--gpus", "8xA100-80G"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: Unknown model 'nope'") and "Traceback" not in bad.stderr
+    assert (
+        bad.returncode == 2 and bad.stderr.startswith("error: Unknown model 'nope'") and "Traceback" not in bad.stderr
+    )

@@ -11,7 +11,16 @@ from grpo_pilot.cli_run import app
 
 torch.set_num_threads(1)
 PLAN = "examples/tiny/plan.json"
-GOOD = ["--dataset", "examples/tiny/prompts.jsonl", "--reward", "char_fraction:char=a", "--set", "threads=1", "--set", "cpu_memory=rss"]
+GOOD = [
+    "--dataset",
+    "examples/tiny/prompts.jsonl",
+    "--reward",
+    "char_fraction:char=a",
+    "--set",
+    "threads=1",
+    "--set",
+    "cpu_memory=rss",
+]
 
 
 def invoke(*args: str):
@@ -72,7 +81,10 @@ def test_reward_needing_a_missing_field_stops_before_training(tmp_path, monkeypa
 
 
 def test_missing_reward_setting(tmp_path):
-    assert_input_error(invoke(PLAN, "--dataset", "examples/tiny/prompts.jsonl", "--out", str(tmp_path / "run")), "does not set 'reward'")
+    assert_input_error(
+        invoke(PLAN, "--dataset", "examples/tiny/prompts.jsonl", "--out", str(tmp_path / "run")),
+        "does not set 'reward'",
+    )
 
 
 def test_unknown_set_key_and_bad_value(tmp_path):
@@ -89,7 +101,17 @@ def test_bad_run_config_file(tmp_path):
 
 
 def test_good_run_prints_measured_vs_predicted(tmp_path):
-    result = invoke(PLAN, "--config", "examples/tiny/run.toml", "--steps", "2", "--out", str(tmp_path / "run"), "--set", "cpu_memory=rss")
+    result = invoke(
+        PLAN,
+        "--config",
+        "examples/tiny/run.toml",
+        "--steps",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+        "--set",
+        "cpu_memory=rss",
+    )
     assert result.exit_code == 0, result.output
     for word in ("rollout", "log_prob", "update", "weight_sync", "predicted", "profile.json"):
         assert word in result.stdout

@@ -110,8 +110,17 @@ def test_cpu_must_be_single() -> None:
         parse_cluster("2xcpu")
 
 
-@pytest.mark.parametrize(("alias", "name"), [("H100", "H100-80G"), ("h100-sxm", "H100-80G"), ("a100 40gb", "A100-40G"),
-                                             ("4090", "RTX4090"), ("mi300x", "MI300X"), ("b200-192g", "B200")])
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [
+        ("H100", "H100-80G"),
+        ("h100-sxm", "H100-80G"),
+        ("a100 40gb", "A100-40G"),
+        ("4090", "RTX4090"),
+        ("mi300x", "MI300X"),
+        ("b200-192g", "B200"),
+    ],
+)
 def test_gpu_aliases(alias: str, name: str) -> None:
     gpu = lookup_gpu(alias)
     assert gpu is not None and gpu.name == name

@@ -19,7 +19,13 @@ def test_notebook_code_cells_run(path: Path) -> None:
             exec(compile("".join(cell["source"]), f"{path.name}", "exec"), namespace)
     best, default = namespace["best"], namespace["default_plan"]
     assert best.fits and best.tokens_per_s >= default.tokens_per_s
-    assert abs(namespace["table"].loc["TOTAL"].sum() - sum(p.total_bytes for p in namespace["report"].phases.values()) / (1 << 30)) < 1e-6
+    assert (
+        abs(
+            namespace["table"].loc["TOTAL"].sum()
+            - sum(p.total_bytes for p in namespace["report"].phases.values()) / (1 << 30)
+        )
+        < 1e-6
+    )
 
 
 def test_there_is_a_notebook() -> None:

@@ -76,8 +76,17 @@ def test_every_bundled_model_is_verified() -> None:
 def test_bundled_architecture_matches_published_config(alias: str) -> None:
     h, inter, layers, heads, kv, head_dim, vocab, tied, max_pos, rope = VERIFIED[alias]
     spec = resolve_model(alias).spec
-    got = (spec.hidden_size, spec.intermediate_size, spec.num_layers, spec.num_attention_heads, spec.num_kv_heads,
-           spec.head_dim, spec.vocab_size, spec.tie_word_embeddings, spec.max_position_embeddings)
+    got = (
+        spec.hidden_size,
+        spec.intermediate_size,
+        spec.num_layers,
+        spec.num_attention_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        spec.vocab_size,
+        spec.tie_word_embeddings,
+        spec.max_position_embeddings,
+    )
     assert got == (h, inter, layers, heads, kv, head_dim, vocab, tied, max_pos)
     assert _raw(alias)["rope_theta"] == rope
 
@@ -87,7 +96,10 @@ def test_exact_count_matches_published_count(alias: str) -> None:
     resolved = resolve_model(alias)
     assert resolved.published_params is not None
     assert _matches_published(resolved.spec.num_params, resolved.published_params), (
-        alias, resolved.spec.num_params, resolved.published_params)
+        alias,
+        resolved.spec.num_params,
+        resolved.published_params,
+    )
 
 
 @pytest.mark.parametrize("alias", sorted(a for a in VERIFIED if "_published_non_embedding_params" in _raw(a)))
@@ -184,10 +196,30 @@ def test_local_config_directory_and_file(tmp_path: Path) -> None:
         ("{not json", "not valid JSON"),
         ("[1, 2]", "does not hold a JSON object"),
         (json.dumps({"hidden_size": 64, "num_attention_heads": 4}), "not a decoder-only HF config"),
-        (json.dumps({"hidden_size": "wide", "intermediate_size": 8, "num_hidden_layers": 1,
-                     "num_attention_heads": 4, "vocab_size": 10}), "not a decoder-only HF config"),
-        (json.dumps({"hidden_size": 0, "intermediate_size": 8, "num_hidden_layers": 1,
-                     "num_attention_heads": 4, "vocab_size": 10}), "not a decoder-only HF config"),
+        (
+            json.dumps(
+                {
+                    "hidden_size": "wide",
+                    "intermediate_size": 8,
+                    "num_hidden_layers": 1,
+                    "num_attention_heads": 4,
+                    "vocab_size": 10,
+                }
+            ),
+            "not a decoder-only HF config",
+        ),
+        (
+            json.dumps(
+                {
+                    "hidden_size": 0,
+                    "intermediate_size": 8,
+                    "num_hidden_layers": 1,
+                    "num_attention_heads": 4,
+                    "vocab_size": 10,
+                }
+            ),
+            "not a decoder-only HF config",
+        ),
     ],
 )
 def test_malformed_config_is_input_error(tmp_path: Path, content: str, fragment: str) -> None:

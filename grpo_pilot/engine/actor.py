@@ -113,9 +113,20 @@ def pad_rows(rows: Sequence[Tensor], width: int | None = None) -> Tensor:
 class Actor:
     """Owns the policy (fp32 master), its AdamW optimizer, and the frozen reference (initial policy)."""
 
-    def __init__(self, policy: torch.nn.Module, *, device: torch.device, knobs: Knobs, lr: float, weight_decay: float = 0.01,
-                 betas: tuple[float, float] = (0.9, 0.999), max_grad_norm: float = 1.0, temperature: float = 1.0, with_ref: bool = False,
-                 share_prompts: bool = True) -> None:
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        *,
+        device: torch.device,
+        knobs: Knobs,
+        lr: float,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        max_grad_norm: float = 1.0,
+        temperature: float = 1.0,
+        with_ref: bool = False,
+        share_prompts: bool = True,
+    ) -> None:
         self.device = device
         self.knobs = knobs
         self.temperature = temperature
@@ -132,16 +143,30 @@ class Actor:
         if knobs.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # models whose padded micro-batches compute each distinct prompt once (engine/shared_prefix.py)
-        self._shares_prompts = {id(m) for m in (self.policy, self.ref) if m is not None and share_prompts and shared_prefix_unsupported(m) is None}
+        self._shares_prompts = {
+            id(m)
+            for m in (self.policy, self.ref)
+            if m is not None and share_prompts and shared_prefix_unsupported(m) is None
+        }
         # cpu: the fused kernel (one vectorised in-place pass per tensor, no temporaries; ~3x faster than
         # the default single-tensor loop for small models); GPU: torch's default (foreach), which
         # planner/memory/optimizer.py models for both
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=lr, betas=betas, weight_decay=weight_decay,
-                                           fused=True if device.type == "cpu" else None)
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=lr,
+            betas=betas,
+            weight_decay=weight_decay,
+            fused=True if device.type == "cpu" else None,
+        )
         self.shared_forwards = 0  # training/log-prob micro-batches that ran the shared-prompt forward
         self.unapplied_knobs = tuple(
-            name for name, on in (("param_offload", knobs.param_offload), ("optimizer_offload", knobs.optimizer_offload),
-                                  (f"ulysses_sp={knobs.ulysses_sp}", knobs.ulysses_sp > 1)) if on
+            name
+            for name, on in (
+                ("param_offload", knobs.param_offload),
+                ("optimizer_offload", knobs.optimizer_offload),
+                (f"ulysses_sp={knobs.ulysses_sp}", knobs.ulysses_sp > 1),
+            )
+            if on
         )
 
     # -- forward pieces ------------------------------------------------------------------------
@@ -158,7 +183,11 @@ class Actor:
         The logits at position t − 1 predict token t, so a sequence of n tokens feeds its first n − 1.
         """
         layout = micro_batch_layout(model)
-        if layout == "padded" and id(model) in self._shares_prompts and len({s.prompt_ids for s in samples}) < len(samples):
+        if (
+            layout == "padded"
+            and id(model) in self._shares_prompts
+            and len({s.prompt_ids for s in samples}) < len(samples)
+        ):
             shared = prefix_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], self.device)
             self.shared_forwards += 1
             return shared_prefix_hidden(model, shared), shared.targets, shared.computed_positions, shared.real_positions
@@ -193,11 +222,15 @@ class Actor:
             input_ids = torch.tensor(batch, dtype=torch.long, device=self.device)
             out = model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
             computed = len(samples) * width
-            hidden = out[torch.tensor(rows, dtype=torch.long, device=self.device), torch.tensor(cols, dtype=torch.long, device=self.device)]
+            hidden = out[
+                torch.tensor(rows, dtype=torch.long, device=self.device),
+                torch.tensor(cols, dtype=torch.long, device=self.device),
+            ]
         return hidden, torch.tensor(targets, dtype=torch.long, device=self.device), computed, fed
 
-    def _micro_batch_logprobs(self, model: torch.nn.Module, samples: Sequence[Sample], *, with_entropy: bool,
-                              entropy_grad: bool = False) -> tuple[list[Tensor], list[Tensor] | None, int, int]:
+    def _micro_batch_logprobs(
+        self, model: torch.nn.Module, samples: Sequence[Sample], *, with_entropy: bool, entropy_grad: bool = False
+    ) -> tuple[list[Tensor], list[Tensor] | None, int, int]:
         """Per-sample response log-probs (and entropies) from one forward of the micro-batch `samples`,
         in the layout of `micro_batch_layout(model)`; also the positions computed (padding included)
         and the real ones among them.
@@ -209,8 +242,14 @@ class Actor:
             hidden, target_ids, computed, real = self._scored_hidden(model, samples)
             head = model.get_output_embeddings()
             if self.knobs.fused_logprob:
-                logprobs, entropy = chunked_token_logprobs(hidden, head.weight.to(hidden.dtype), target_ids, temperature=self.temperature,
-                                                           chunk_tokens=FUSED_LOGPROB_CHUNK_TOKENS, with_entropy=with_entropy)
+                logprobs, entropy = chunked_token_logprobs(
+                    hidden,
+                    head.weight.to(hidden.dtype),
+                    target_ids,
+                    temperature=self.temperature,
+                    chunk_tokens=FUSED_LOGPROB_CHUNK_TOKENS,
+                    with_entropy=with_entropy,
+                )
             else:
                 logits = head(hidden)
                 logprobs = token_logprobs(logits, target_ids, temperature=self.temperature)
@@ -218,7 +257,12 @@ class Actor:
                     with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
                         entropy = entropy_from_logits(logits, temperature=self.temperature)
         sizes = [len(s.response_ids) for s in samples]
-        return list(logprobs.split(sizes)), (list(entropy.split(sizes)) if entropy is not None else None), computed, real
+        return (
+            list(logprobs.split(sizes)),
+            (list(entropy.split(sizes)) if entropy is not None else None),
+            computed,
+            real,
+        )
 
     @contextlib.contextmanager
     def _ref_on_device(self) -> Iterator[torch.nn.Module]:
@@ -241,10 +285,14 @@ class Actor:
         layout of `micro_batch_layout(model)`.
         """
         out: list[Tensor | None] = [None] * len(samples)
-        with (self._ref_on_device() if ref else contextlib.nullcontext(self.policy)) as model:
+        with self._ref_on_device() if ref else contextlib.nullcontext(self.policy) as model:
             padded = micro_batch_layout(model) == "padded"
-            bins = plan_micro_batches([s.num_tokens for s in samples], max_tokens=self.knobs.log_prob_max_token_len_per_gpu,
-                                      padded=padded, split_padding=padded)
+            bins = plan_micro_batches(
+                [s.num_tokens for s in samples],
+                max_tokens=self.knobs.log_prob_max_token_len_per_gpu,
+                padded=padded,
+                split_padding=padded,
+            )
             was_training = model.training
             model.eval()
             try:
@@ -256,8 +304,15 @@ class Actor:
                 model.train(was_training)
         return out  # type: ignore[return-value]
 
-    def update(self, samples: Sequence[Sample], advantages: Tensor, loss: LossSettings, *,
-               old_logprobs: Sequence[Tensor] | None = None, ref_logprobs: Sequence[Tensor] | None = None) -> dict[str, float]:
+    def update(
+        self,
+        samples: Sequence[Sample],
+        advantages: Tensor,
+        loss: LossSettings,
+        *,
+        old_logprobs: Sequence[Tensor] | None = None,
+        ref_logprobs: Sequence[Tensor] | None = None,
+    ) -> dict[str, float]:
         """One optimizer step on this mini-batch; returns summed losses and token-weighted statistics.
 
         `advantages` [len(samples)]; `old_logprobs` None = on-policy (the detached current log-probs).
@@ -265,9 +320,13 @@ class Actor:
         self.policy.train()
         lengths = [s.num_tokens for s in samples]
         padded = micro_batch_layout(self.policy) == "padded"
-        bins = plan_micro_batches(lengths, max_tokens=self.knobs.max_token_len_per_gpu,
-                                  max_seqs=None if self.knobs.dynamic_batching else self.knobs.micro_batch_size_per_gpu,
-                                  padded=padded, split_padding=padded)
+        bins = plan_micro_batches(
+            lengths,
+            max_tokens=self.knobs.max_token_len_per_gpu,
+            max_seqs=None if self.knobs.dynamic_batching else self.knobs.micro_batch_size_per_gpu,
+            padded=padded,
+            split_padding=padded,
+        )
         trained = [not (loss.mask_truncated and s.truncated) for s in samples]
         num_tokens = sum(len(s.response_ids) for s, t in zip(samples, trained) if t)
         sums: dict[str, float] = {}
@@ -277,7 +336,9 @@ class Actor:
         for b in bins:
             mb = [samples[i] for i in b]
             # entropy is always reported; it carries a gradient only when entropy_coeff != 0
-            lps, ents, computed, real = self._micro_batch_logprobs(self.policy, mb, with_entropy=True, entropy_grad=loss.entropy_coeff != 0.0)
+            lps, ents, computed, real = self._micro_batch_logprobs(
+                self.policy, mb, with_entropy=True, entropy_grad=loss.entropy_coeff != 0.0
+            )
             computed_total += computed
             real_total += real
             width = max(len(s.response_ids) for s in mb)
@@ -291,11 +352,23 @@ class Actor:
             if ent is not None and loss.entropy_coeff == 0.0:
                 ent = ent.detach()
             total, metrics = policy_loss(
-                lp, old, advantages[b].to(self.device), mask,
-                loss_agg_mode=loss.loss_agg_mode, clip_low=loss.clip_low, clip_high=loss.clip_high, clip_c=loss.clip_c,
-                ref_logprobs=refs, kl_coef=loss.kl_coef, kl_type=loss.kl_type, ratio_level=loss.ratio_level,
-                entropy=ent, entropy_coeff=loss.entropy_coeff, loss_scale_len=loss.loss_scale_len,
-                global_num_tokens=max(num_tokens, 1), global_num_seqs=len(samples),
+                lp,
+                old,
+                advantages[b].to(self.device),
+                mask,
+                loss_agg_mode=loss.loss_agg_mode,
+                clip_low=loss.clip_low,
+                clip_high=loss.clip_high,
+                clip_c=loss.clip_c,
+                ref_logprobs=refs,
+                kl_coef=loss.kl_coef,
+                kl_type=loss.kl_type,
+                ratio_level=loss.ratio_level,
+                entropy=ent,
+                entropy_coeff=loss.entropy_coeff,
+                loss_scale_len=loss.loss_scale_len,
+                global_num_tokens=max(num_tokens, 1),
+                global_num_seqs=len(samples),
             )
             total.backward()
             w = metrics.get("num_tokens", 0.0)
@@ -310,8 +383,12 @@ class Actor:
         self.optimizer.zero_grad(set_to_none=True)
         out = dict(sums)
         out.update({k: v / weight_total for k, v in weighted.items()} if weight_total > 0 else {})
-        out.update(grad_norm=float(grad_norm), num_micro_batches=float(len(bins)), num_tokens=float(num_tokens),
-                   padding_frac=(computed_total - real_total) / computed_total if computed_total else 0.0)
+        out.update(
+            grad_norm=float(grad_norm),
+            num_micro_batches=float(len(bins)),
+            num_tokens=float(num_tokens),
+            padding_frac=(computed_total - real_total) / computed_total if computed_total else 0.0,
+        )
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------

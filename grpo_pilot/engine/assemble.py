@@ -86,23 +86,36 @@ def tokenize_prompts(prompts: PromptSet, tokenizer: Any, max_tokens: int) -> lis
 
 def _check_budgets(plan: Plan, longest: int) -> None:
     k = plan.knobs
-    for name, budget in (("max_token_len_per_gpu", k.max_token_len_per_gpu), ("log_prob_max_token_len_per_gpu", k.log_prob_max_token_len_per_gpu)):
+    for name, budget in (
+        ("max_token_len_per_gpu", k.max_token_len_per_gpu),
+        ("log_prob_max_token_len_per_gpu", k.log_prob_max_token_len_per_gpu),
+    ):
         if budget is not None and budget < longest:
-            raise InputError(f"The plan's {name} = {budget} is below the longest sequence ({longest} tokens = prompt + response).",
-                             f"Re-plan (or --pin {name}={longest} or more).")
+            raise InputError(
+                f"The plan's {name} = {budget} is below the longest sequence ({longest} tokens = prompt + response).",
+                f"Re-plan (or --pin {name}={longest} or more).",
+            )
 
 
 def resolve_loss(plan: Plan, cfg: RunConfig, max_new_tokens: int) -> LossSettings:
     """Loss keywords: config values, with the plan deciding KL (ref model) and default entropy."""
     kl_coef = cfg.kl_coef if cfg.kl_coef is not None else (VERL_KL_LOSS_COEF if plan.workload.use_kl_loss else 0.0)
     if kl_coef > 0 and not plan.workload.use_kl_loss:
-        raise InputError(f"kl_coef = {kl_coef} needs a reference model, but the plan was made without a KL loss (no memory for it).",
-                         "Re-plan with --kl, or set kl_coef = 0.")
+        raise InputError(
+            f"kl_coef = {kl_coef} needs a reference model, but the plan was made without a KL loss (no memory for it).",
+            "Re-plan with --kl, or set kl_coef = 0.",
+        )
     return LossSettings(
-        loss_agg_mode=cfg.loss_agg_mode, clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c, ratio_level=cfg.ratio_level,
-        kl_coef=kl_coef, kl_type=cfg.kl_type,
+        loss_agg_mode=cfg.loss_agg_mode,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        clip_c=cfg.clip_c,
+        ratio_level=cfg.ratio_level,
+        kl_coef=kl_coef,
+        kl_type=cfg.kl_type,
         entropy_coeff=cfg.entropy_coeff if cfg.entropy_coeff is not None else plan.workload.entropy_coeff,
-        loss_scale_len=cfg.loss_scale_len or max_new_tokens, mask_truncated=cfg.mask_truncated,
+        loss_scale_len=cfg.loss_scale_len or max_new_tokens,
+        mask_truncated=cfg.mask_truncated,
     )
 
 
@@ -111,11 +124,16 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
     w, k = plan.workload, plan.knobs
     max_new = cfg.max_new_tokens or w.response_len_tokens
     if max_new > w.response_len_tokens:
-        raise InputError(f"max_new_tokens = {max_new} exceeds the plan's response_len_tokens = {w.response_len_tokens}.",
-                         "Lower max_new_tokens or re-plan with a larger --response-len.")
+        raise InputError(
+            f"max_new_tokens = {max_new} exceeds the plan's response_len_tokens = {w.response_len_tokens}.",
+            "Lower max_new_tokens or re-plan with a larger --response-len.",
+        )
     mini = cfg.mini_batch_prompts or w.mini_batch_prompts
     if mini > w.prompts_per_step:
-        raise InputError(f"mini_batch_prompts = {mini} exceeds the plan's prompts_per_step = {w.prompts_per_step}.", "Use a mini-batch <= prompts per step.")
+        raise InputError(
+            f"mini_batch_prompts = {mini} exceeds the plan's prompts_per_step = {w.prompts_per_step}.",
+            "Use a mini-batch <= prompts per step.",
+        )
     _check_budgets(plan, w.prompt_len_tokens + max_new)
     loss = resolve_loss(plan, cfg, max_new)
     backend = cfg.rollout_backend or k.rollout_backend
@@ -130,24 +148,57 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
 
     vocab = plan.model.spec.vocab_size
     policy = build_model(source, seed=cfg.seed, vocab_size=len(tokenizer) if len(tokenizer) > vocab else None)
-    actor = Actor(policy, device=device, knobs=k, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                  max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, with_ref=loss.kl_coef > 0,
-                  share_prompts=cfg.share_prompts)
+    actor = Actor(
+        policy,
+        device=device,
+        knobs=k,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        max_grad_norm=cfg.max_grad_norm,
+        temperature=cfg.temperature,
+        with_ref=loss.kl_coef > 0,
+        share_prompts=cfg.share_prompts,
+    )
     kv_bytes = None
     if backend == "vllm" and device.type == "cpu" and plan.kv_cache_tokens_per_gpu > 0:
         from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
 
         spec = plan.model.spec  # the plan's own token count × the planner's own bytes per token (vLLM-CPU: fp32)
-        kv_bytes = plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, 1, 4)
+        kv_bytes = plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(
+            spec.num_layers, spec.num_kv_heads, spec.head_dim, 1, 4
+        )
     rollout = build_rollout(
-        backend, actor.policy, tokenizer, max_model_len=w.prompt_len_tokens + max_new, gpu_memory_utilization=k.gpu_memory_utilization,
-        tensor_parallel_size=k.rollout_tp, max_num_seqs=k.max_num_seqs, max_num_batched_tokens=k.max_num_batched_tokens,
-        enforce_eager=k.enforce_eager, kv_cache_bytes=kv_bytes, seed=cfg.seed, workdir=Path(cfg.output_dir) / "rollout_model",
+        backend,
+        actor.policy,
+        tokenizer,
+        max_model_len=w.prompt_len_tokens + max_new,
+        gpu_memory_utilization=k.gpu_memory_utilization,
+        tensor_parallel_size=k.rollout_tp,
+        max_num_seqs=k.max_num_seqs,
+        max_num_batched_tokens=k.max_num_batched_tokens,
+        enforce_eager=k.enforce_eager,
+        kv_cache_bytes=kv_bytes,
+        seed=cfg.seed,
+        workdir=Path(cfg.output_dir) / "rollout_model",
     )
     return Engine(
-        plan=plan, config=cfg, tokenizer=tokenizer, prompts=prompts, prompt_ids=prompt_ids,
-        sampler=PromptSampler(len(prompts.records), w.prompts_per_step, cfg.seed), reward=reward, actor=actor, rollout=rollout,
-        profiler=PhaseProfiler(str(device), cpu_memory=cfg.cpu_memory), loss=loss,
-        sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new, stop=cfg.stop, seed=cfg.seed),
-        n=w.n, prompts_per_step=w.prompts_per_step, mini_batch_prompts=mini, ppo_epochs=cfg.ppo_epochs or w.ppo_epochs,
+        plan=plan,
+        config=cfg,
+        tokenizer=tokenizer,
+        prompts=prompts,
+        prompt_ids=prompt_ids,
+        sampler=PromptSampler(len(prompts.records), w.prompts_per_step, cfg.seed),
+        reward=reward,
+        actor=actor,
+        rollout=rollout,
+        profiler=PhaseProfiler(str(device), cpu_memory=cfg.cpu_memory),
+        loss=loss,
+        sampling=SamplingConfig(
+            temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new, stop=cfg.stop, seed=cfg.seed
+        ),
+        n=w.n,
+        prompts_per_step=w.prompts_per_step,
+        mini_batch_prompts=mini,
+        ppo_epochs=cfg.ppo_epochs or w.ppo_epochs,
     )

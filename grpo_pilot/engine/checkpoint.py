@@ -75,7 +75,7 @@ def _step_of(path: Path) -> int | None:
     if not name.startswith(PREFIX) or not path.is_dir():
         return None
     try:
-        return int(name[len(PREFIX):])
+        return int(name[len(PREFIX) :])
     except ValueError:
         return None
 
@@ -132,7 +132,10 @@ def _read_state(path: Path) -> dict[str, Any]:
     try:
         return json.loads((path / "state.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise RunError(f"Checkpoint '{path}' cannot be read ({exc}).", "Delete that directory to resume from the previous checkpoint, or start a new run.") from None
+        raise RunError(
+            f"Checkpoint '{path}' cannot be read ({exc}).",
+            "Delete that directory to resume from the previous checkpoint, or start a new run.",
+        ) from None
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -146,7 +149,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         optimizer = torch.load(p / "optimizer.pt", map_location="cpu", weights_only=True)
         rng = torch.load(p / "rng.pt", map_location="cpu", weights_only=False)  # python/numpy RNG states: our own file
     except (OSError, pickle.UnpicklingError, RuntimeError, EOFError) as exc:
-        raise RunError(f"Checkpoint '{p}' cannot be read ({exc}).", "Delete that directory to resume from the previous checkpoint, or start a new run.") from None
+        raise RunError(
+            f"Checkpoint '{p}' cannot be read ({exc}).",
+            "Delete that directory to resume from the previous checkpoint, or start a new run.",
+        ) from None
     return Checkpoint(path=p, step=int(state["step"]), model=model, optimizer=optimizer, rng=rng, state=state)
 
 

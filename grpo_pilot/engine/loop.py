@@ -53,7 +53,7 @@ class StepBatch:
     samples: list[Sample] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     prompt_indices: list[int] = field(default_factory=list)  # every prompt drawn, in order (dropped ones too)
-    all_rewards: list[float] = field(default_factory=list)   # every generated sample's reward
+    all_rewards: list[float] = field(default_factory=list)  # every generated sample's reward
     all_lengths: list[int] = field(default_factory=list)
     all_truncated: list[bool] = field(default_factory=list)
     reward_parts: dict[str, list[float]] = field(default_factory=dict)
@@ -73,12 +73,18 @@ def collect_batch(eng: Engine, step: int) -> StepBatch:
         with prof.phase("rollout"):
             gens = eng.rollout.generate([eng.prompt_ids[i] for i in rows], sampling)
         with prof.phase("reward"):
-            result = eng.reward.score([g.text for g in gens], [eng.prompts.records[i] for i in rows], num_tokens=[g.num_tokens for g in gens])
+            result = eng.reward.score(
+                [g.text for g in gens], [eng.prompts.records[i] for i in rows], num_tokens=[g.num_tokens for g in gens]
+            )
             rewards = torch.tensor(result.total, dtype=torch.float32)
             lengths = torch.tensor([g.num_tokens for g in gens])
             if cfg.overlong_buffer_tokens > 0:  # DAPO soft overlong punishment (eq. 13)
-                rewards = rewards + overlong_penalty(lengths, max_len=sampling.max_new_tokens, cache_len=cfg.overlong_buffer_tokens,
-                                                     penalty_factor=cfg.overlong_penalty_factor)
+                rewards = rewards + overlong_penalty(
+                    lengths,
+                    max_len=sampling.max_new_tokens,
+                    cache_len=cfg.overlong_buffer_tokens,
+                    penalty_factor=cfg.overlong_penalty_factor,
+                )
         batch.rounds = round_ + 1
         batch.prompt_indices += drawn
         batch.all_rewards += rewards.tolist()
@@ -94,7 +100,9 @@ def collect_batch(eng: Engine, step: int) -> StepBatch:
             kept_groups += 1
             for row in range(g * n, (g + 1) * n):
                 gen = gens[row]
-                batch.samples.append(Sample(tuple(eng.prompt_ids[rows[row]]), gen.token_ids, gen.finish_reason == "length"))
+                batch.samples.append(
+                    Sample(tuple(eng.prompt_ids[rows[row]]), gen.token_ids, gen.finish_reason == "length")
+                )
                 batch.rewards.append(float(rewards[row]))
         if kept_groups == eng.prompts_per_step:
             break
@@ -124,11 +132,17 @@ def grpo_step(eng: Engine, step: int) -> tuple[dict[str, Any], dict[str, PhaseSa
     num_groups = len(samples) // n
 
     # 4. advantages, one per completion, from its group's rewards
-    advantages = compute_advantages(torch.tensor(batch.rewards, dtype=torch.float32), n, scale=cfg.adv_scale, eps=cfg.adv_eps) if samples else torch.zeros(0)
+    advantages = (
+        compute_advantages(torch.tensor(batch.rewards, dtype=torch.float32), n, scale=cfg.adv_scale, eps=cfg.adv_eps)
+        if samples
+        else torch.zeros(0)
+    )
 
     # 5. old-policy and reference log-probs
     groups_per_mb = eng.mini_batch_prompts
-    mini_batches = [list(range(g * n, min(g + groups_per_mb, num_groups) * n)) for g in range(0, num_groups, groups_per_mb)]
+    mini_batches = [
+        list(range(g * n, min(g + groups_per_mb, num_groups) * n)) for g in range(0, num_groups, groups_per_mb)
+    ]
     off_policy = len(mini_batches) * eng.ppo_epochs > 1
     with prof.phase("log_prob"):
         old = actor.log_probs(samples) if off_policy and samples else None
@@ -139,11 +153,15 @@ def grpo_step(eng: Engine, step: int) -> tuple[dict[str, Any], dict[str, PhaseSa
     with prof.phase("update"):
         for _ in range(eng.ppo_epochs):
             for mb in mini_batches:
-                updates.append(actor.update(
-                    [samples[i] for i in mb], advantages[mb], eng.loss,
-                    old_logprobs=[old[i] for i in mb] if old is not None else None,
-                    ref_logprobs=[ref[i] for i in mb] if ref is not None else None,
-                ))
+                updates.append(
+                    actor.update(
+                        [samples[i] for i in mb],
+                        advantages[mb],
+                        eng.loss,
+                        old_logprobs=[old[i] for i in mb] if old is not None else None,
+                        ref_logprobs=[ref[i] for i in mb] if ref is not None else None,
+                    )
+                )
 
     # 7. metrics
     wall = time.perf_counter() - t0
@@ -190,13 +208,18 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run(plan: Plan, config: RunConfig, *, plan_path: str | Path | None = None, quiet: bool = False, console: Any = None) -> RunResult:
+def run(
+    plan: Plan, config: RunConfig, *, plan_path: str | Path | None = None, quiet: bool = False, console: Any = None
+) -> RunResult:
     """Execute `plan` with `config`; writes metrics.jsonl, checkpoints and profile.json under output_dir."""
     out = Path(config.output_dir)
     log = MetricsLog(out / "metrics.jsonl")
     config_hash = config.hash(plan.model_dump_json())
     if not config.resume and (log.size() > 0 or list_checkpoints(out)):
-        raise InputError(f"'{out}' already holds a run (metrics.jsonl or checkpoints).", "Add --resume to continue it, or choose another --out.")
+        raise InputError(
+            f"'{out}' already holds a run (metrics.jsonl or checkpoints).",
+            "Add --resume to continue it, or choose another --out.",
+        )
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     ckpt = latest_checkpoint(out, config_hash=config_hash) if config.resume else None
@@ -229,29 +252,56 @@ def run(plan: Plan, config: RunConfig, *, plan_path: str | Path | None = None, q
                     lengths.append(record["response_len_mean"])
                 if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
                     state = eng.actor.state_dict()
-                    save_checkpoint(out, step=step, model_state=state["model"], optimizer_state=state["optimizer"], keep=config.keep_checkpoints,
-                                    state={"sampler": eng.sampler.state_dict(), "config_hash": config_hash, "metrics_bytes": size})
+                    save_checkpoint(
+                        out,
+                        step=step,
+                        model_state=state["model"],
+                        optimizer_state=state["optimizer"],
+                        keep=config.keep_checkpoints,
+                        state={"sampler": eng.sampler.state_dict(), "config_hash": config_hash, "metrics_bytes": size},
+                    )
     except torch.OutOfMemoryError as exc:
-        raise RunError(f"Out of device memory in the {eng.profiler.active or 'step'} phase of step {step} ({str(exc).splitlines()[0]}).",
-                       "The plan underestimated this phase: re-plan with less headroom for it (smaller token budgets, offload, "
-                       "gradient checkpointing) and compare profile.json of a shorter run.") from None
+        raise RunError(
+            f"Out of device memory in the {eng.profiler.active or 'step'} phase of step {step} ({str(exc).splitlines()[0]}).",
+            "The plan underestimated this phase: re-plan with less headroom for it (smaller token budgets, offload, "
+            "gradient checkpointing) and compare profile.json of a shorter run.",
+        ) from None
     finally:
         eng.profiler.close()
         eng.rollout.close()
     notes = tuple(f"knob {k} is not applied by the single-process engine" for k in eng.actor.unapplied_knobs)
     if eng.rollout.name != plan.knobs.rollout_backend:
-        notes += (f"rollout backend '{eng.rollout.name}' is not the plan's '{plan.knobs.rollout_backend}': predictions assume the plan's",)
+        notes += (
+            f"rollout backend '{eng.rollout.name}' is not the plan's '{plan.knobs.rollout_backend}': predictions assume the plan's",
+        )
     engine_old_pass = -(-eng.prompts_per_step // eng.mini_batch_prompts) * eng.ppo_epochs > 1
     if old_logprob_pass_needed(plan.workload, plan.target) != engine_old_pass:
-        notes += (f"log_prob: this run {'runs' if engine_old_pass else 'skips'} the old-policy pass; the plan (target {plan.target}, "
-                  f"its workload) {'skips' if engine_old_pass else 'counts'} it",)
+        notes += (
+            f"log_prob: this run {'runs' if engine_old_pass else 'skips'} the old-policy pass; the plan (target {plan.target}, "
+            f"its workload) {'skips' if engine_old_pass else 'counts'} it",
+        )
     if eng.actor.shared_forwards:
-        notes += (f"update/log_prob: {eng.actor.shared_forwards} micro-batches computed each distinct prompt once (shared-prompt forward); "
-                  "the plan's time and activation figures assume every sequence computes its prompt, so they bound these phases from above",)
+        notes += (
+            f"update/log_prob: {eng.actor.shared_forwards} micro-batches computed each distinct prompt once (shared-prompt forward); "
+            "the plan's time and activation figures assume every sequence computes its prompt, so they bound these phases from above",
+        )
     if done and len(done) == 1:
         notes += ("only one step ran in this process: its numbers include warm-up",)
-    profile = build_profile(plan, done, device=str(eng.actor.device), memory_source=eng.profiler.memory_source,
-                            rss_source=eng.profiler.rss_source, mean_response_tokens=_mean(lengths), notes=notes)
+    profile = build_profile(
+        plan,
+        done,
+        device=str(eng.actor.device),
+        memory_source=eng.profiler.memory_source,
+        rss_source=eng.profiler.rss_source,
+        mean_response_tokens=_mean(lengths),
+        notes=notes,
+    )
     if done:  # a resume with nothing left to do keeps the previous profile.json
         write_profile_json(out / "profile.json", profile)
-    return RunResult(output_dir=out, start_step=start_step, last_step=done[-1][0] if done else start_step, profile=profile, last_record=record)
+    return RunResult(
+        output_dir=out,
+        start_step=start_step,
+        last_step=done[-1][0] if done else start_step,
+        profile=profile,
+        last_record=record,
+    )

@@ -101,10 +101,19 @@ def step_table(record: dict[str, Any]) -> Group:
 class LiveDisplay:
     """Context manager: progress bar + latest step table when `console.is_terminal` and not `quiet`."""
 
-    def __init__(self, total_steps: int, *, start_step: int = 0, console: Console | None = None, quiet: bool = False) -> None:
+    def __init__(
+        self, total_steps: int, *, start_step: int = 0, console: Console | None = None, quiet: bool = False
+    ) -> None:
         self.console = console or Console(stderr=True)
         self.enabled = self.console.is_terminal and not quiet
-        self._progress = Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=self.console)
+        self._progress = Progress(
+            TextColumn("[bold]GRPO"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
         self._task = self._progress.add_task("steps", total=total_steps, completed=start_step)
         self._live: Live | None = None
         self._table: Table = Table()
@@ -144,15 +153,33 @@ def _secs(value: float | None) -> str:
 def summary_table(profile: Any) -> Table:
     """End-of-run table: measured vs predicted time and peak memory per phase (from a `RunProfile`)."""
     tensors = any(row.measured_peak_bytes is not None for row in profile.phases.values())
-    memory = f"{profile.memory_source} vs the plan's tensor items" if tensors else f"{profile.rss_source} vs the plan's phase total"
-    table = Table(title=f"measured vs predicted on {profile.device}", caption=f"time: median of steps {_steps(profile.steps_measured)}; memory: {memory}")
+    memory = (
+        f"{profile.memory_source} vs the plan's tensor items"
+        if tensors
+        else f"{profile.rss_source} vs the plan's phase total"
+    )
+    table = Table(
+        title=f"measured vs predicted on {profile.device}",
+        caption=f"time: median of steps {_steps(profile.steps_measured)}; memory: {memory}",
+    )
     table.add_column("phase", no_wrap=True)
     for col in ("time", "plan", "err", "peak mem", "plan", "err"):
         table.add_column(col, justify="right", no_wrap=True)
     for name, row in profile.phases.items():
-        mem = (row.measured_peak_bytes, row.predicted_tensor_bytes, row.memory_rel_error) if tensors else \
-            (row.measured_rss_peak_bytes, row.predicted_total_bytes, row.rss_rel_error)
-        table.add_row(name, _secs(row.measured_wall_s), _secs(row.predicted_wall_s), _pct(row.time_rel_error), _bytes(mem[0]), _bytes(mem[1]), _pct(mem[2]))
+        mem = (
+            (row.measured_peak_bytes, row.predicted_tensor_bytes, row.memory_rel_error)
+            if tensors
+            else (row.measured_rss_peak_bytes, row.predicted_total_bytes, row.rss_rel_error)
+        )
+        table.add_row(
+            name,
+            _secs(row.measured_wall_s),
+            _secs(row.predicted_wall_s),
+            _pct(row.time_rel_error),
+            _bytes(mem[0]),
+            _bytes(mem[1]),
+            _pct(mem[2]),
+        )
     s = profile.step
     table.add_row("step", _secs(s.measured_wall_s), _secs(s.predicted_wall_s), _pct(s.time_rel_error), "", "", "")
     return table

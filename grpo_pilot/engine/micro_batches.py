@@ -13,8 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def plan_micro_batches(lengths: Sequence[int], *, max_tokens: int | None = None, max_seqs: int | None = None,
-                       padded: bool = False, split_padding: bool = False) -> list[list[int]]:
+def plan_micro_batches(
+    lengths: Sequence[int],
+    *,
+    max_tokens: int | None = None,
+    max_seqs: int | None = None,
+    padded: bool = False,
+    split_padding: bool = False,
+) -> list[list[int]]:
     """Indices of `lengths` grouped into micro-batches.
 
     Packed (`padded=False`): with `max_tokens`, first-fit decreasing by length (ties by index), each

@@ -16,7 +16,12 @@ from typing import Any
 from grpo_pilot.errors import InputError
 
 PAD, EOS, UNK = "<pad>", "<|endoftext|>", "<unk>"
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def char_vocab(alphabet: str | None = None) -> dict[str, int]:
@@ -74,7 +79,9 @@ def build_model(model: str, *, seed: int = 0, dtype: str = "float32", vocab_size
     cfg_dict = dict(cfg_dict)
     model_type = cfg_dict.pop("model_type", None)
     if model_type is None:
-        raise InputError(f"The config of '{model}' has no model_type.", "Add \"model_type\" (e.g. \"qwen2\") to config.json.")
+        raise InputError(
+            f"The config of '{model}' has no model_type.", 'Add "model_type" (e.g. "qwen2") to config.json.'
+        )
     if vocab_size is not None:
         cfg_dict["vocab_size"] = vocab_size
     cfg_dict.pop("architectures", None)
@@ -90,7 +97,9 @@ def build_tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
     _, directory = _config_dict(model)
-    if directory is not None and ((directory / "tokenizer.json").exists() or (directory / "tokenizer_config.json").exists()):
+    if directory is not None and (
+        (directory / "tokenizer.json").exists() or (directory / "tokenizer_config.json").exists()
+    ):
         if _generic_tokenizer_json(directory):
             # a plain tokenizer.json (e.g. the character tokenizer saved by save_model_dir): load it as
             # written; AutoTokenizer would pick the class of the config's model type (Qwen2Tokenizer for
@@ -107,7 +116,10 @@ def build_tokenizer(model: str) -> Any:
     return build_char_tokenizer()
 
 
-GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # what transformers writes for a bare tokenizer.json
+GENERIC_TOKENIZER_CLASSES = (
+    "TokenizersBackend",
+    "PreTrainedTokenizerFast",
+)  # what transformers writes for a bare tokenizer.json
 
 
 def _generic_tokenizer_json(directory: Path) -> bool:

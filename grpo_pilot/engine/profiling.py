@@ -112,7 +112,11 @@ class _Rss:
 
     def __init__(self) -> None:
         self.resettable = self._clear()
-        self.source = "process peak RSS (VmHWM, reset per phase)" if self.resettable else "process peak RSS since start (ru_maxrss)"
+        self.source = (
+            "process peak RSS (VmHWM, reset per phase)"
+            if self.resettable
+            else "process peak RSS since start (ru_maxrss)"
+        )
 
     @staticmethod
     def _clear() -> bool:
@@ -129,7 +133,9 @@ class _Rss:
 
     def peak_bytes(self) -> int:
         hwm = self._vm_hwm_bytes() if self.resettable else None
-        return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        return (
+            hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        )  # Linux reports KiB
 
     @staticmethod
     def _vm_hwm_bytes() -> int | None:
@@ -249,7 +255,10 @@ class PhaseComparison(Frozen):
     predicted_total_bytes: int | None = None
     memory_rel_error: float | None = None
     measured_rss_peak_bytes: int | None = None
-    rss_rel_error: float | None = Field(default=None, description="Process peak RSS vs the plan's phase total (which carries the process overhead item).")
+    rss_rel_error: float | None = Field(
+        default=None,
+        description="Process peak RSS vs the plan's phase total (which carries the process overhead item).",
+    )
 
 
 class RunProfile(Frozen):
@@ -257,15 +266,21 @@ class RunProfile(Frozen):
 
     schema_version: int = 1
     device: str
-    memory_source: str = Field(description="Where measured_peak_bytes comes from (compared with the plan's tensor items).")
+    memory_source: str = Field(
+        description="Where measured_peak_bytes comes from (compared with the plan's tensor items)."
+    )
     rss_source: str | None = Field(default=None, description="Where measured_rss_peak_bytes comes from (CPU only).")
     steps_run: int = Field(ge=0, description="Steps this process executed.")
-    steps_measured: tuple[int, ...] = Field(description="Steps whose samples enter the medians (the first step of a process is warm-up).")
+    steps_measured: tuple[int, ...] = Field(
+        description="Steps whose samples enter the medians (the first step of a process is warm-up)."
+    )
     phases: dict[str, PhaseComparison]
     step: PhaseComparison = Field(description="Whole step: wall time vs plan.predicted_step_s.")
     measured_tokens_per_s: float | None = None
     predicted_tokens_per_s: float | None = None
-    mean_response_tokens: float | None = Field(default=None, description="Measured; the plan assumes response_len_tokens for every response.")
+    mean_response_tokens: float | None = Field(
+        default=None, description="Measured; the plan assumes response_len_tokens for every response."
+    )
     plan_response_len_tokens: int | None = None
     notes: tuple[str, ...] = ()
 
@@ -310,7 +325,9 @@ def build_profile(
         peaks = [x.peak_bytes for x in samples if x.peak_bytes is not None]
         rss = [x.rss_peak_bytes for x in samples if x.rss_peak_bytes is not None]
         mem = plan.phases.get(name)
-        pred_tensor = sum(v for k, v in mem.items.items() if not k.startswith(OVERHEAD_PREFIX)) if mem is not None else None
+        pred_tensor = (
+            sum(v for k, v in mem.items.items() if not k.startswith(OVERHEAD_PREFIX)) if mem is not None else None
+        )
         pred_wall = plan.phase_times_s.get(name)
         peak = max(peaks) if peaks else None
         phases[name] = PhaseComparison(
@@ -333,7 +350,11 @@ def build_profile(
         steps_run=len(steps),
         steps_measured=tuple(s[0] for s in measured),
         phases=phases,
-        step=PhaseComparison(measured_wall_s=step_wall, predicted_wall_s=plan.predicted_step_s, time_rel_error=_rel(step_wall, plan.predicted_step_s)),
+        step=PhaseComparison(
+            measured_wall_s=step_wall,
+            predicted_wall_s=plan.predicted_step_s,
+            time_rel_error=_rel(step_wall, plan.predicted_step_s),
+        ),
         measured_tokens_per_s=tps,
         predicted_tokens_per_s=plan.tokens_per_s,
         mean_response_tokens=mean_response_tokens,

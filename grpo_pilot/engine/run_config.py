@@ -28,17 +28,24 @@ LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
 
 # Fields that change nothing about what a step computes: a resumed run may differ in these.
 # (share_prompts reorders the same arithmetic: equal log-probs and gradients up to float rounding.)
-NOT_HASHED: frozenset[str] = frozenset({"steps", "output_dir", "checkpoint_every", "keep_checkpoints", "resume", "cpu_memory", "threads",
-                                        "share_prompts"})
+NOT_HASHED: frozenset[str] = frozenset(
+    {"steps", "output_dir", "checkpoint_every", "keep_checkpoints", "resume", "cpu_memory", "threads", "share_prompts"}
+)
 
 
 class RunConfig(Frozen):
     """Everything `grpo-run` needs beyond the plan. Units in names; `None` = take it from the plan."""
 
     # data and reward
-    dataset: str = Field(description="JSONL prompt set (formats: prompt/answer, instruction/response, input/output, chat messages).")
-    dataset_format: Literal["auto", "prompt_answer", "instruction_response", "input_output", "messages"] = Field(default="auto", description="Record format; auto detects per file.")
-    transform: str | None = Field(default=None, description="User transform 'module:function' or 'file.py:function' mapping a raw record.")
+    dataset: str = Field(
+        description="JSONL prompt set (formats: prompt/answer, instruction/response, input/output, chat messages)."
+    )
+    dataset_format: Literal["auto", "prompt_answer", "instruction_response", "input_output", "messages"] = Field(
+        default="auto", description="Record format; auto detects per file."
+    )
+    transform: str | None = Field(
+        default=None, description="User transform 'module:function' or 'file.py:function' mapping a raw record."
+    )
     skip_invalid: bool = Field(default=False, description="Skip (and count) invalid records instead of stopping.")
     reward: str = Field(description="Reward spec, e.g. 'char_fraction:char=a' or 'exact_match=1.0,format=0.5'.")
 
@@ -49,33 +56,59 @@ class RunConfig(Frozen):
     adam_beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
     adam_beta2: float = Field(default=0.999, ge=0.0, lt=1.0)
     max_grad_norm: float = Field(default=1.0, gt=0.0, description="Global grad-norm clip (verl actor.grad_clip 1.0).")
-    mini_batch_prompts: int | None = Field(default=None, ge=1, description="Prompts per optimizer step; None = plan workload.")
-    ppo_epochs: int | None = Field(default=None, ge=1, description="Passes over each rollout batch; None = plan workload.")
+    mini_batch_prompts: int | None = Field(
+        default=None, ge=1, description="Prompts per optimizer step; None = plan workload."
+    )
+    ppo_epochs: int | None = Field(
+        default=None, ge=1, description="Passes over each rollout batch; None = plan workload."
+    )
 
     # sampling
-    rollout_backend: Literal["hf", "vllm"] | None = Field(default=None, description="Rollout engine; None = the plan's knob.")
-    temperature: float = Field(default=1.0, gt=0.0, description="Sampling temperature; log-probs divide logits by it too.")
+    rollout_backend: Literal["hf", "vllm"] | None = Field(
+        default=None, description="Rollout engine; None = the plan's knob."
+    )
+    temperature: float = Field(
+        default=1.0, gt=0.0, description="Sampling temperature; log-probs divide logits by it too."
+    )
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int | None = Field(default=None, ge=1, description="Response cap; None = plan response_len_tokens.")
     stop: tuple[str, ...] = Field(default=(), description="Stop strings (EOS always stops).")
 
     # loss (GRPO family; grpo.md)
-    adv_scale: Literal["group", "batch", "none"] = Field(default="group", description="Advantage std normalisation: group (GRPO), batch, none (Dr. GRPO).")
+    adv_scale: Literal["group", "batch", "none"] = Field(
+        default="group", description="Advantage std normalisation: group (GRPO), batch, none (Dr. GRPO)."
+    )
     adv_eps: float = Field(default=1e-6, gt=0.0, description="Advantage eps (verl 1e-6, TRL 1e-4).")
     loss_agg_mode: LossAggMode = Field(default="token-mean", description="verl loss_agg_mode.")
-    loss_scale_len: int | None = Field(default=None, ge=1, description="Constant length for seq-mean-token-sum-norm; None = max_new_tokens.")
+    loss_scale_len: int | None = Field(
+        default=None, ge=1, description="Constant length for seq-mean-token-sum-norm; None = max_new_tokens."
+    )
     clip_low: float = Field(default=0.2, ge=0.0, description="PPO clip epsilon low (verl clip_ratio_low).")
     clip_high: float = Field(default=0.2, ge=0.0, description="PPO clip epsilon high (DAPO clip-higher uses 0.28).")
-    clip_c: float | None = Field(default=3.0, gt=1.0, description="Dual-clip constant (verl clip_ratio_c 3.0); None disables.")
+    clip_c: float | None = Field(
+        default=3.0, gt=1.0, description="Dual-clip constant (verl clip_ratio_c 3.0); None disables."
+    )
     ratio_level: Literal["token", "sequence"] = Field(default="token", description="'sequence' = GSPO sequence ratio.")
-    kl_coef: float | None = Field(default=None, ge=0.0, description="KL loss coefficient; None = 0.001 when the plan has use_kl_loss, else 0.")
-    kl_type: Literal["k1", "k2", "k3", "low_var_kl"] = Field(default="k3", description="KL estimator (k3 = verl low_var_kl).")
-    entropy_coeff: float | None = Field(default=None, ge=0.0, description="Entropy bonus; None = plan workload.entropy_coeff.")
+    kl_coef: float | None = Field(
+        default=None, ge=0.0, description="KL loss coefficient; None = 0.001 when the plan has use_kl_loss, else 0."
+    )
+    kl_type: Literal["k1", "k2", "k3", "low_var_kl"] = Field(
+        default="k3", description="KL estimator (k3 = verl low_var_kl)."
+    )
+    entropy_coeff: float | None = Field(
+        default=None, ge=0.0, description="Entropy bonus; None = plan workload.entropy_coeff."
+    )
 
     # DAPO (arXiv 2503.14476)
-    dynamic_sampling: bool = Field(default=False, description="Drop groups whose rewards are all equal and refill with new prompts.")
-    max_refill_rounds: int = Field(default=3, ge=0, description="Extra rollout rounds allowed per step to refill dropped groups.")
-    overlong_buffer_tokens: int = Field(default=0, ge=0, description="DAPO soft overlong penalty cache length L_cache (0 = off).")
+    dynamic_sampling: bool = Field(
+        default=False, description="Drop groups whose rewards are all equal and refill with new prompts."
+    )
+    max_refill_rounds: int = Field(
+        default=3, ge=0, description="Extra rollout rounds allowed per step to refill dropped groups."
+    )
+    overlong_buffer_tokens: int = Field(
+        default=0, ge=0, description="DAPO soft overlong penalty cache length L_cache (0 = off)."
+    )
     overlong_penalty_factor: float = Field(default=1.0, ge=0.0, description="Weight of the soft overlong penalty.")
     mask_truncated: bool = Field(default=False, description="DAPO overlong filtering: truncated responses get no loss.")
 
@@ -87,8 +120,13 @@ class RunConfig(Frozen):
     resume: bool = Field(default=False, description="Continue from the newest checkpoint in output_dir.")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto = cuda when available, else cpu.")
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads (None = torch default).")
-    share_prompts: bool = Field(default=True, description="Compute each distinct prompt once per micro-batch (Llama-family models; exact).")
-    cpu_memory: Literal["tensors", "rss"] = Field(default="tensors", description="CPU peak memory per phase: live tensor bytes (dispatch tracker) or process RSS only.")
+    share_prompts: bool = Field(
+        default=True, description="Compute each distinct prompt once per micro-batch (Llama-family models; exact)."
+    )
+    cpu_memory: Literal["tensors", "rss"] = Field(
+        default="tensors",
+        description="CPU peak memory per phase: live tensor bytes (dispatch tracker) or process RSS only.",
+    )
 
     def hash(self, plan_json: str) -> str:
         """Identity of the training computation (plan + every setting that changes a step); resume checks it."""
@@ -109,13 +147,18 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     try:
         raw = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise InputError(f"Run config '{p}' is not valid {'JSON' if p.suffix.lower() == '.json' else 'TOML'} ({exc}).", "Fix the syntax; see examples/tiny/run.toml.") from None
+        raise InputError(
+            f"Run config '{p}' is not valid {'JSON' if p.suffix.lower() == '.json' else 'TOML'} ({exc}).",
+            "Fix the syntax; see examples/tiny/run.toml.",
+        ) from None
     if not isinstance(raw, dict):
         raise InputError(f"Run config '{p}' must be a table of settings.", "See examples/tiny/run.toml.")
     return dict(raw.get("run", raw)) if isinstance(raw.get("run"), dict) else raw
 
 
-def build_run_config(file_values: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None, *, source: str = "run config") -> RunConfig:
+def build_run_config(
+    file_values: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None, *, source: str = "run config"
+) -> RunConfig:
     """Merge file values with overrides (flags; `None` values are ignored) into a validated `RunConfig`."""
     merged = dict(file_values or {})
     merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
@@ -127,11 +170,17 @@ def build_run_config(file_values: dict[str, Any] | None = None, overrides: dict[
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "(config)"
         if first["type"] == "missing":
-            raise InputError(f"The {source} does not set '{where}'.", f"Give --{where.replace('_', '-')} or set {where} = ... in the run config.") from None
+            raise InputError(
+                f"The {source} does not set '{where}'.",
+                f"Give --{where.replace('_', '-')} or set {where} = ... in the run config.",
+            ) from None
         if first["type"] == "extra_forbidden":
             known = ", ".join(sorted(RunConfig.model_fields))
             raise InputError(f"Unknown setting '{where}' in the {source}.", f"Known settings: {known}.") from None
-        raise InputError(f"Bad value for '{where}' in the {source}: {first['msg']} (got {first.get('input')!r}).", "Fix that setting; see `grpo-run --help`.") from None
+        raise InputError(
+            f"Bad value for '{where}' in the {source}: {first['msg']} (got {first.get('input')!r}).",
+            "Fix that setting; see `grpo-run --help`.",
+        ) from None
 
 
 def parse_set_option(items: list[str]) -> dict[str, Any]:
@@ -143,7 +192,9 @@ def parse_set_option(items: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise InputError(f"--set expects KEY=VALUE, got '{item}'.", "Example: --set clip_high=0.28")
         if key not in RunConfig.model_fields:
-            raise InputError(f"Unknown setting '{key}' in --set.", f"Known settings: {', '.join(sorted(RunConfig.model_fields))}.")
+            raise InputError(
+                f"Unknown setting '{key}' in --set.", f"Known settings: {', '.join(sorted(RunConfig.model_fields))}."
+            )
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:

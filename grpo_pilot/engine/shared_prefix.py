@@ -74,7 +74,9 @@ class PrefixBatch:
         return int(self.positions.shape[1])
 
 
-def prefix_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], device: torch.device) -> PrefixBatch:
+def prefix_batch(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], device: torch.device
+) -> PrefixBatch:
     """The shared layout of samples (prompt ids, response ids ≥ 1 token each); equal prompts share a row."""
     first: dict[tuple[int, ...], int] = {}
     inverse = [first.setdefault(tuple(p), len(first)) for p in prompts]
@@ -86,10 +88,14 @@ def prefix_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[
     prompt_len = torch.tensor([len(p) for p in unique], dtype=torch.long)
     own_len = prompt_len[torch.tensor(inverse, dtype=torch.long)]  # [B] each sample's prompt length
     offset = len(unique) * width_p
-    positions = torch.cat([torch.arange(width_p).repeat(len(unique)), (own_len[:, None] + torch.arange(width_r)).flatten()])
+    positions = torch.cat(
+        [torch.arange(width_p).repeat(len(unique)), (own_len[:, None] + torch.arange(width_r)).flatten()]
+    )
     sees_prompt = torch.arange(width_p)[None, :] < own_len[:, None]  # [B, P]
     causal = torch.ones((width_r, width_r), dtype=torch.bool).tril()  # [R, R]
-    mask = torch.cat([sees_prompt[:, None, :].expand(-1, width_r, -1), causal[None].expand(len(responses), -1, -1)], dim=-1)
+    mask = torch.cat(
+        [sees_prompt[:, None, :].expand(-1, width_r, -1), causal[None].expand(len(responses), -1, -1)], dim=-1
+    )
     scored: list[int] = []
     targets: list[int] = []
     for b, (u, r) in enumerate(zip(inverse, responses)):
@@ -101,9 +107,16 @@ def prefix_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[
     def put(x: Any, dtype: torch.dtype = torch.long) -> Tensor:
         return torch.as_tensor(x, dtype=dtype).to(device)
 
-    return PrefixBatch(prompt_ids=put(prompt_rows).view(len(unique), width_p), response_ids=put(response_rows).view(len(responses), width_r),
-                       positions=put(positions)[None], inverse=put(inverse), mask=put(mask[:, None], torch.bool), scored=put(scored),
-                       targets=put(targets), real_positions=real)
+    return PrefixBatch(
+        prompt_ids=put(prompt_rows).view(len(unique), width_p),
+        response_ids=put(response_rows).view(len(responses), width_r),
+        positions=put(positions)[None],
+        inverse=put(inverse),
+        mask=put(mask[:, None], torch.bool),
+        scored=put(scored),
+        targets=put(targets),
+        real_positions=real,
+    )
 
 
 def _layer(layer: Any, h: Tensor, cos: Tensor, sin: Tensor, batch: PrefixBatch, rotary: Any) -> Tensor:
@@ -127,14 +140,22 @@ def _layer(layer: Any, h: Tensor, cos: Tensor, sin: Tensor, batch: PrefixBatch, 
         return t[start : start + n * width].view(n, width, t.shape[1], head_dim).transpose(1, 2)
 
     qp, kp, vp = rows(q, u, p, 0), rows(k, u, p, 0), rows(v, u, p, 0)
-    outs = [torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=attn.scaling, enable_gqa=gqa)
-            .transpose(1, 2).reshape(split, -1)]
+    outs = [
+        torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=attn.scaling, enable_gqa=gqa)
+        .transpose(1, 2)
+        .reshape(split, -1)
+    ]
     if r > 0:
         qr, kr, vr = rows(q, b, r, split), rows(k, b, r, split), rows(v, b, r, split)
         keys = torch.cat([kp.index_select(0, batch.inverse), kr], dim=2)
         values = torch.cat([vp.index_select(0, batch.inverse), vr], dim=2)
-        outs.append(torch.nn.functional.scaled_dot_product_attention(qr, keys, values, attn_mask=batch.mask, scale=attn.scaling, enable_gqa=gqa)
-                    .transpose(1, 2).reshape(b * r, -1))
+        outs.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                qr, keys, values, attn_mask=batch.mask, scale=attn.scaling, enable_gqa=gqa
+            )
+            .transpose(1, 2)
+            .reshape(b * r, -1)
+        )
     h = h + attn.o_proj(torch.cat(outs) if len(outs) > 1 else outs[0])
     return h + layer.mlp(layer.post_attention_layernorm(h))
 

@@ -50,14 +50,21 @@ def parse_cluster(text: str, host_ram_bytes_per_node: int | None = None) -> Clus
     """Parse `8xA100-80G`-style strings into a `Cluster`; raises `InputError` naming accepted forms."""
     match = _PATTERN.match(text or "")
     if not match:
-        raise InputError(f"Cannot read the cluster '{text}'.", f"Accepted forms: {ACCEPTED_FORMS}. GPU names: {', '.join(CATALOG)}.")
+        raise InputError(
+            f"Cannot read the cluster '{text}'.", f"Accepted forms: {ACCEPTED_FORMS}. GPU names: {', '.join(CATALOG)}."
+        )
     nodes_txt, gpus_txt, name = match.groups()
     gpu = lookup_gpu(name)
     if gpu is None:
-        raise InputError(f"Unknown GPU '{name}' in '{text}'.", f"Known GPUs: {', '.join(CATALOG)}, cpu. Accepted forms: {ACCEPTED_FORMS}.")
+        raise InputError(
+            f"Unknown GPU '{name}' in '{text}'.",
+            f"Known GPUs: {', '.join(CATALOG)}, cpu. Accepted forms: {ACCEPTED_FORMS}.",
+        )
     count = int(gpus_txt)
     if count < 1 or (nodes_txt is not None and int(nodes_txt) < 1):
-        raise InputError(f"The cluster '{text}' has no GPUs.", f"Use a positive count. Accepted forms: {ACCEPTED_FORMS}.")
+        raise InputError(
+            f"The cluster '{text}' has no GPUs.", f"Use a positive count. Accepted forms: {ACCEPTED_FORMS}."
+        )
     if nodes_txt is not None:
         num_nodes, per_node = int(nodes_txt), count
     elif count > DEFAULT_GPUS_PER_NODE and not gpu.is_cpu:

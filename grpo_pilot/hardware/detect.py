@@ -36,4 +36,8 @@ def local_cluster(host_ram_bytes_per_node: int | None = None) -> Cluster:
             "--gpus local found no CUDA GPU here (torch with CUDA is not importable, or no device matches the catalog).",
             "Name the cluster instead, e.g. --gpus 8xA100-80G, or --gpus 1xcpu for this machine.",
         )
-    return found if host_ram_bytes_per_node is None else found.model_copy(update={"host_ram_bytes_per_node": host_ram_bytes_per_node})
+    return (
+        found
+        if host_ram_bytes_per_node is None
+        else found.model_copy(update={"host_ram_bytes_per_node": host_ram_bytes_per_node})
+    )

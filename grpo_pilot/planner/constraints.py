@@ -64,7 +64,9 @@ def _divides_heads(heads: int, kv: int, k: int) -> bool:
     return heads % k == 0 and (kv % k == 0 or k % kv == 0)
 
 
-def structural_checks(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, target: Target = "grpo-pilot") -> tuple[Check, ...]:
+def structural_checks(
+    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, target: Target = "grpo-pilot"
+) -> tuple[Check, ...]:
     """The divisibility and size rules that need no memory estimate (cheap: used to prune trials)."""
     rollout_gpus, train_gpus = pools(cluster, knobs)
     tp, sp, seq = knobs.rollout_tp, knobs.ulysses_sp, workload.seq_len_tokens
@@ -76,41 +78,89 @@ def structural_checks(spec: ModelSpec, cluster: Cluster, workload: Workload, kno
     vllm = knobs.rollout_backend == "vllm"
     heads, kv = spec.num_attention_heads, spec.num_kv_heads
     checks = [
-        _rule("batch.divisible_by_world", responses % train_gpus == 0,
-              f"prompts per step × n = {responses} is not divisible by the {train_gpus} training GPUs (verl validate_config)."),
-        _rule("mini_batch.per_gpu", mini_per_gpu > 0,
-              f"the mini-batch of {workload.mini_batch_prompts} prompts × n = {workload.mini_batch_prompts * workload.n} responses "
-              f"is smaller than the {dp or train_gpus} data-parallel ranks."),
-        _rule("micro_batch.set", knobs.dynamic_batching or micro is not None,
-              "neither micro_batch_size_per_gpu nor max_token_len_per_gpu is set."),
-        _rule("mini_batch.divisible_by_micro", knobs.dynamic_batching or micro is None or (mini_per_gpu > 0 and mini_per_gpu % micro == 0),
-              f"the per-GPU mini-batch ({mini_per_gpu} responses) is not divisible by micro_batch_size_per_gpu={micro}."),
-        _rule("rollout.world_divisible_by_tp", not vllm or rollout_gpus % tp == 0,
-              f"the {rollout_gpus} rollout GPUs are not divisible by rollout_tp={tp}."),
-        _rule("rollout.heads_divisible_by_tp", not vllm or _divides_heads(heads, kv, tp),
-              f"rollout_tp={tp} does not divide the model's {heads} attention heads / {kv} kv heads (vLLM)."),
-        _rule("ulysses.heads_divisible_by_sp", _divides_heads(heads, kv, sp),
-              f"ulysses_sp={sp} does not divide the model's {heads} attention heads / {kv} kv heads (verl Ulysses)."),
-        _rule("ulysses.world_divisible_by_sp", train_gpus % sp == 0,
-              f"the {train_gpus} training GPUs are not divisible by ulysses_sp={sp}."),
-        _rule("token_budget.update", not knobs.dynamic_batching or (knobs.max_token_len_per_gpu or 0) * scale >= seq,
-              f"max_token_len_per_gpu={knobs.max_token_len_per_gpu}{f' × ulysses_sp={sp}' if scale > 1 else ''} is below one sequence ({seq} tokens)."),
-        _rule("token_budget.log_prob", knobs.log_prob_max_token_len_per_gpu * scale >= seq,
-              f"log_prob_max_token_len_per_gpu={knobs.log_prob_max_token_len_per_gpu}{f' × ulysses_sp={sp}' if scale > 1 else ''} is below one sequence ({seq} tokens)."),
-        _rule("rollout.batched_tokens_ge_seqs", not vllm or knobs.max_num_batched_tokens >= knobs.max_num_seqs,
-              f"max_num_batched_tokens={knobs.max_num_batched_tokens} is below max_num_seqs={knobs.max_num_seqs} (vLLM)."),
-        _rule("context.max_position", seq <= spec.max_position_embeddings,
-              f"prompt + response = {seq} tokens exceeds the model's {spec.max_position_embeddings} positions."),
-        _rule("split.pools", knobs.placement == "colocated" or knobs.rollout_backend == "hf"
-              or (cluster.gpus_per_node >= 2 and knobs.split_rollout_gpus_per_node < cluster.gpus_per_node),
-              f"split placement needs at least one rollout and one training GPU per node ({cluster.gpus_per_node} per node, "
-              f"split_rollout_gpus_per_node={knobs.split_rollout_gpus_per_node})."),
+        _rule(
+            "batch.divisible_by_world",
+            responses % train_gpus == 0,
+            f"prompts per step × n = {responses} is not divisible by the {train_gpus} training GPUs (verl validate_config).",
+        ),
+        _rule(
+            "mini_batch.per_gpu",
+            mini_per_gpu > 0,
+            f"the mini-batch of {workload.mini_batch_prompts} prompts × n = {workload.mini_batch_prompts * workload.n} responses "
+            f"is smaller than the {dp or train_gpus} data-parallel ranks.",
+        ),
+        _rule(
+            "micro_batch.set",
+            knobs.dynamic_batching or micro is not None,
+            "neither micro_batch_size_per_gpu nor max_token_len_per_gpu is set.",
+        ),
+        _rule(
+            "mini_batch.divisible_by_micro",
+            knobs.dynamic_batching or micro is None or (mini_per_gpu > 0 and mini_per_gpu % micro == 0),
+            f"the per-GPU mini-batch ({mini_per_gpu} responses) is not divisible by micro_batch_size_per_gpu={micro}.",
+        ),
+        _rule(
+            "rollout.world_divisible_by_tp",
+            not vllm or rollout_gpus % tp == 0,
+            f"the {rollout_gpus} rollout GPUs are not divisible by rollout_tp={tp}.",
+        ),
+        _rule(
+            "rollout.heads_divisible_by_tp",
+            not vllm or _divides_heads(heads, kv, tp),
+            f"rollout_tp={tp} does not divide the model's {heads} attention heads / {kv} kv heads (vLLM).",
+        ),
+        _rule(
+            "ulysses.heads_divisible_by_sp",
+            _divides_heads(heads, kv, sp),
+            f"ulysses_sp={sp} does not divide the model's {heads} attention heads / {kv} kv heads (verl Ulysses).",
+        ),
+        _rule(
+            "ulysses.world_divisible_by_sp",
+            train_gpus % sp == 0,
+            f"the {train_gpus} training GPUs are not divisible by ulysses_sp={sp}.",
+        ),
+        _rule(
+            "token_budget.update",
+            not knobs.dynamic_batching or (knobs.max_token_len_per_gpu or 0) * scale >= seq,
+            f"max_token_len_per_gpu={knobs.max_token_len_per_gpu}{f' × ulysses_sp={sp}' if scale > 1 else ''} is below one sequence ({seq} tokens).",
+        ),
+        _rule(
+            "token_budget.log_prob",
+            knobs.log_prob_max_token_len_per_gpu * scale >= seq,
+            f"log_prob_max_token_len_per_gpu={knobs.log_prob_max_token_len_per_gpu}{f' × ulysses_sp={sp}' if scale > 1 else ''} is below one sequence ({seq} tokens).",
+        ),
+        _rule(
+            "rollout.batched_tokens_ge_seqs",
+            not vllm or knobs.max_num_batched_tokens >= knobs.max_num_seqs,
+            f"max_num_batched_tokens={knobs.max_num_batched_tokens} is below max_num_seqs={knobs.max_num_seqs} (vLLM).",
+        ),
+        _rule(
+            "context.max_position",
+            seq <= spec.max_position_embeddings,
+            f"prompt + response = {seq} tokens exceeds the model's {spec.max_position_embeddings} positions.",
+        ),
+        _rule(
+            "split.pools",
+            knobs.placement == "colocated"
+            or knobs.rollout_backend == "hf"
+            or (cluster.gpus_per_node >= 2 and knobs.split_rollout_gpus_per_node < cluster.gpus_per_node),
+            f"split placement needs at least one rollout and one training GPU per node ({cluster.gpus_per_node} per node, "
+            f"split_rollout_gpus_per_node={knobs.split_rollout_gpus_per_node}).",
+        ),
     ]
     return tuple(checks)
 
 
-def memory_checks(memory: MemoryReport, workload: Workload, knobs: Knobs, *, usable_gpu_bytes: int, host_ram_bytes: int,
-                  kv_budget_bytes: int | None = None, device_bytes: int | None = None) -> tuple[Check, ...]:
+def memory_checks(
+    memory: MemoryReport,
+    workload: Workload,
+    knobs: Knobs,
+    *,
+    usable_gpu_bytes: int,
+    host_ram_bytes: int,
+    kv_budget_bytes: int | None = None,
+    device_bytes: int | None = None,
+) -> tuple[Check, ...]:
     """Every phase within usable GPU memory, host RAM within the node, KV cache ≥ one request.
 
     `kv_budget_bytes` (signed, `estimate.rollout_kv_budget_bytes`) and `device_bytes`, when given, let a
@@ -121,27 +171,46 @@ def memory_checks(memory: MemoryReport, workload: Workload, knobs: Knobs, *, usa
         pm = memory.phases[phase]
         excess = (pm.total_bytes - usable_gpu_bytes) / usable_gpu_bytes
         item = pm.largest_item()
-        checks.append(_check(
-            f"memory.{phase}", excess, f"{phase}.{item}" if item else f"memory.{phase}",
-            "" if excess <= 0 else f"{phase} needs {_gib(pm.total_bytes)} per GPU, over the usable {_gib(usable_gpu_bytes)} "
-                                           f"(largest item: {item} {_gib(pm.items.get(item, 0))}).",
-        ))
+        checks.append(
+            _check(
+                f"memory.{phase}",
+                excess,
+                f"{phase}.{item}" if item else f"memory.{phase}",
+                ""
+                if excess <= 0
+                else f"{phase} needs {_gib(pm.total_bytes)} per GPU, over the usable {_gib(usable_gpu_bytes)} "
+                f"(largest item: {item} {_gib(pm.items.get(item, 0))}).",
+            )
+        )
     host_item = memory.host.largest_item()
     host_excess = (memory.host.total_bytes - host_ram_bytes) / host_ram_bytes
-    checks.append(_check(
-        "host_ram", host_excess, f"host.{host_item}" if host_item else "host_ram",
-        "" if host_excess <= 0 else f"host RAM needs {_gib(memory.host.total_bytes)} per node, over the {_gib(host_ram_bytes)} available "
-                                            f"(largest item: {host_item}).",
-    ))
+    checks.append(
+        _check(
+            "host_ram",
+            host_excess,
+            f"host.{host_item}" if host_item else "host_ram",
+            ""
+            if host_excess <= 0
+            else f"host RAM needs {_gib(memory.host.total_bytes)} per node, over the {_gib(host_ram_bytes)} available "
+            f"(largest item: {host_item}).",
+        )
+    )
     seq = workload.seq_len_tokens
     needs_kv = knobs.rollout_backend == "vllm"
     kv_excess = (seq - memory.kv_cache_tokens_per_gpu) / seq if needs_kv else -1.0
-    checks.append(_check(
-        "rollout.kv_cache", kv_excess, "rollout.kv_cache",
-        "" if kv_excess <= 0 else f"the rollout engine's KV cache holds {memory.kv_cache_tokens_per_gpu} tokens, less than one "
-                                          f"{seq}-token request (raise gpu_memory_utilization or rollout_tp)"
-                                          + _kv_shortfall(kv_budget_bytes, device_bytes, knobs.gpu_memory_utilization) + ".",
-    ))
+    checks.append(
+        _check(
+            "rollout.kv_cache",
+            kv_excess,
+            "rollout.kv_cache",
+            ""
+            if kv_excess <= 0
+            else f"the rollout engine's KV cache holds {memory.kv_cache_tokens_per_gpu} tokens, less than one "
+            f"{seq}-token request (raise gpu_memory_utilization or rollout_tp)"
+            + _kv_shortfall(kv_budget_bytes, device_bytes, knobs.gpu_memory_utilization)
+            + ".",
+        )
+    )
     return tuple(checks)
 
 
@@ -150,8 +219,10 @@ def _kv_shortfall(kv_budget_bytes: int | None, device_bytes: int | None, utiliza
     if kv_budget_bytes is None or device_bytes is None or kv_budget_bytes >= 0:
         return ""
     needed = utilization + -kv_budget_bytes / device_bytes
-    return (f"; the vLLM budget of {utilization:g} x {_gib(device_bytes)} is {_gib(-kv_budget_bytes)} short of its weights, "
-            f"activations, buffers and graphs before any KV cache: gpu_memory_utilization must exceed {needed:.2f} for it to start")
+    return (
+        f"; the vLLM budget of {utilization:g} x {_gib(device_bytes)} is {_gib(-kv_budget_bytes)} short of its weights, "
+        f"activations, buffers and graphs before any KV cache: gpu_memory_utilization must exceed {needed:.2f} for it to start"
+    )
 
 
 def violations(checks: tuple[Check, ...]) -> tuple[Check, ...]:

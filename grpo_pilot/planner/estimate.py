@@ -41,7 +41,13 @@ from grpo_pilot.planner.memory.activations import (
     recompute_activation_bytes,
     saved_activation_bytes,
 )
-from grpo_pilot.planner.memory.fsdp import gathered_layers_bytes, head_grad_bytes, layer_reduce_scatter_bytes, root_gathered_bytes, root_grad_bytes
+from grpo_pilot.planner.memory.fsdp import (
+    gathered_layers_bytes,
+    head_grad_bytes,
+    layer_reduce_scatter_bytes,
+    root_gathered_bytes,
+    root_grad_bytes,
+)
 from grpo_pilot.planner.memory.hf_generate import hf_generate_memory
 from grpo_pilot.planner.memory.host import host_items
 from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_per_token, kv_tokens
@@ -51,7 +57,12 @@ from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_i
 from grpo_pilot.planner.memory.model_states import actor_state_bytes, sharded_bytes
 from grpo_pilot.planner.memory.optimizer import adam_step_temporary_bytes
 from grpo_pilot.planner.memory.precision import precision_for
-from grpo_pilot.planner.memory.tokens import packed_tokens_per_rank, padded_tokens_per_rank, scored_tokens, sequences_per_sp_group
+from grpo_pilot.planner.memory.tokens import (
+    packed_tokens_per_rank,
+    padded_tokens_per_rank,
+    scored_tokens,
+    sequences_per_sp_group,
+)
 from grpo_pilot.planner.memory.ulysses import all_to_all_buffer_bytes
 from grpo_pilot.planner.memory.vllm_budget import VllmBudget, forward_bytes_per_token, vllm_budget
 from grpo_pilot.planner.memory.weight_sync import largest_gathered_bytes, largest_param_elements
@@ -62,15 +73,37 @@ from grpo_pilot.profiles.spec import ModelSpec
 
 def _budget(model: ModelSpec, cluster: Cluster, knobs: Knobs, rollout_bytes: int, ov: Overheads) -> VllmBudget:
     return vllm_budget(
-        cluster.gpu.memory_bytes, knobs.gpu_memory_utilization, model.num_params, knobs.rollout_tp,
-        model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size, model.vocab_size, rollout_bytes,
-        knobs.max_num_batched_tokens, knobs.max_num_seqs, knobs.enforce_eager, cluster.gpu.is_cpu,
-        ov.vllm_non_torch_base_bytes, ov.vllm_non_torch_per_extra_tp_rank_bytes, ov.vllm_sampler_bytes_per_vocab_entry,
-        ov.vllm_cuda_graph_bytes_per_graph, ov.vllm_cuda_graph_modes,
+        cluster.gpu.memory_bytes,
+        knobs.gpu_memory_utilization,
+        model.num_params,
+        knobs.rollout_tp,
+        model.hidden_size,
+        model.q_dim,
+        model.kv_dim,
+        model.intermediate_size,
+        model.vocab_size,
+        rollout_bytes,
+        knobs.max_num_batched_tokens,
+        knobs.max_num_seqs,
+        knobs.enforce_eager,
+        cluster.gpu.is_cpu,
+        ov.vllm_non_torch_base_bytes,
+        ov.vllm_non_torch_per_extra_tp_rank_bytes,
+        ov.vllm_sampler_bytes_per_vocab_entry,
+        ov.vllm_cuda_graph_bytes_per_graph,
+        ov.vllm_cuda_graph_modes,
     )
 
 
-def rollout_kv_budget_bytes(model: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, *, target: Target = "grpo-pilot", overheads: Overheads = DEFAULT_OVERHEADS) -> int:
+def rollout_kv_budget_bytes(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    knobs: Knobs,
+    *,
+    target: Target = "grpo-pilot",
+    overheads: Overheads = DEFAULT_OVERHEADS,
+) -> int:
     """Signed KV-cache bytes per GPU the vLLM budget leaves (negative = the engine cannot start).
 
     `MemoryReport.kv_cache_bytes_per_gpu` reports max(0, this); constraints use the sign and size to
@@ -78,12 +111,16 @@ def rollout_kv_budget_bytes(model: ModelSpec, cluster: Cluster, workload: Worklo
     generating batch needs is returned (always >= 0).
     """
     if knobs.rollout_backend == "hf":
-        return estimate_memory(model, cluster, workload, knobs, target=target, overheads=overheads).kv_cache_bytes_per_gpu
+        return estimate_memory(
+            model, cluster, workload, knobs, target=target, overheads=overheads
+        ).kv_cache_bytes_per_gpu
     prec = precision_for(target, cluster.gpu.is_cpu)
     return _budget(model, cluster, knobs, prec.rollout_bytes, overheads).kv_signed_bytes
 
 
-def _finish(tensors: dict[str, int], vllm: dict[str, int], base_overheads: dict[str, int], frag_factor: float, is_cpu: bool) -> dict[str, int]:
+def _finish(
+    tensors: dict[str, int], vllm: dict[str, int], base_overheads: dict[str, int], frag_factor: float, is_cpu: bool
+) -> dict[str, int]:
     """Merge tensor items, rollout-engine items and overheads; fragmentation on the trainer's tensors."""
     items = {**tensors, **vllm, **base_overheads}
     if not is_cpu:
@@ -91,7 +128,15 @@ def _finish(tensors: dict[str, int], vllm: dict[str, int], base_overheads: dict[
     return items
 
 
-def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, *, target: Target = "grpo-pilot", overheads: Overheads = DEFAULT_OVERHEADS) -> MemoryReport:
+def estimate_memory(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    knobs: Knobs,
+    *,
+    target: Target = "grpo-pilot",
+    overheads: Overheads = DEFAULT_OVERHEADS,
+) -> MemoryReport:
     """Per-GPU peak memory of rollout, log_prob, update and weight_sync, and host RAM per node.
 
     Pure and fast (plain integer arithmetic; pydantic only for the returned report). Items of every
@@ -107,7 +152,15 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
 
     # ---- model numbers, read once -------------------------------------------------------------
     P, P_layer = model.num_params, model.params_per_layer
-    h, q, kvd, inter, a, L, V = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size, model.num_attention_heads, model.num_layers, model.vocab_size
+    h, q, kvd, inter, a, L, V = (
+        model.hidden_size,
+        model.q_dim,
+        model.kv_dim,
+        model.intermediate_size,
+        model.num_attention_heads,
+        model.num_layers,
+        model.vocab_size,
+    )
     resp = workload.response_len_tokens
     seq = workload.prompt_len_tokens + resp
     has_ref = workload.use_kl_loss
@@ -124,7 +177,9 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
 
     def resident(phase: str, ref_pass: bool = False) -> dict[str, int]:
         """Trainer state on a training GPU during `phase` (see module docstring, step 2)."""
-        params_on = (not p_off) or (verl and (phase == "update" or (phase in ("log_prob", "rollout_hf") and not ref_pass)))
+        params_on = (not p_off) or (
+            verl and (phase == "update" or (phase in ("log_prob", "rollout_hf") and not ref_pass))
+        )
         adam_on = (not o_off) or (verl and phase == "update")
         grads_on = phase == "update" and ((not p_off) or verl)
         ref_on = has_ref and ((not r_off) or (verl and ref_pass))
@@ -143,7 +198,10 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
         comms = (1 if D > 1 else 0) + (1 if s > 1 else 0) + (1 if lay.split else 0)
         base = {"overhead_cuda_context": ov.cuda_context_bytes, "overhead_cublas_workspace": ov.cublas_workspace_bytes}
         trainer_oh = {**base, "overhead_nccl": comms * ov.nccl_bytes_per_communicator}
-        rollout_oh = {**base, "overhead_nccl": ov.nccl_bytes_per_communicator if lay.split else 0}  # the weight-sync group
+        rollout_oh = {
+            **base,
+            "overhead_nccl": ov.nccl_bytes_per_communicator if lay.split else 0,
+        }  # the weight-sync group
     frag = ov.fragmentation_factor
 
     # ---- rollout engine ---------------------------------------------------------------------------
@@ -152,8 +210,11 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
     leftovers: dict[str, int] = {}
     if bud is not None:
         vllm_all = {
-            "vllm_weights": bud.weights_bytes, "vllm_activation_peak": bud.activation_bytes, "vllm_non_torch": bud.non_torch_bytes,
-            "vllm_cuda_graphs": bud.cuda_graph_bytes, "vllm_kv_cache": bud.kv_cache_bytes,
+            "vllm_weights": bud.weights_bytes,
+            "vllm_activation_peak": bud.activation_bytes,
+            "vllm_non_torch": bud.non_torch_bytes,
+            "vllm_cuda_graphs": bud.cuda_graph_bytes,
+            "vllm_kv_cache": bud.kv_cache_bytes,
         }
         if not lay.split:
             leftovers = {"vllm_non_torch": bud.non_torch_bytes, "vllm_cuda_graphs": bud.cuda_graph_bytes}
@@ -164,7 +225,9 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
     E, H = model.embedding_params, model.lm_head_params
     gathered = gathered_layers_bytes(P_layer, c, is_cpu)
     root = root_gathered_bytes(E, H, c, is_cpu)
-    per_layer_tok = layer_activation_bytes_per_token(h, q, kvd, inter, a, c, qk_norm=model.qk_norm, num_kv_heads=model.num_kv_heads)
+    per_layer_tok = layer_activation_bytes_per_token(
+        h, q, kvd, inter, a, c, qk_norm=model.qk_norm, num_kv_heads=model.num_kv_heads
+    )
     mini_seqs = sequences_per_sp_group(workload.mini_batch_prompts * workload.n, D, s)
     step_seqs = sequences_per_sp_group(workload.prompts_per_step * workload.n, D, s)
     if knobs.max_token_len_per_gpu is not None:
@@ -188,22 +251,34 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
     # ---- rollout ---------------------------------------------------------------------------------
     if bud is not None:
         kv_bytes = bud.kv_cache_bytes
-        kv_tok = kv_tokens(kv_bytes, kv_bytes_per_token(L, model.num_kv_heads, model.head_dim, knobs.rollout_tp, prec.rollout_bytes))
+        kv_tok = kv_tokens(
+            kv_bytes, kv_bytes_per_token(L, model.num_kv_heads, model.head_dim, knobs.rollout_tp, prec.rollout_bytes)
+        )
         max_seqs = concurrent_sequences(kv_tok, seq, knobs.max_num_seqs)
         if lay.split:
             rollout_items = {**vllm_all, **rollout_oh}
         else:
             rollout_items = _finish(resident("rollout"), vllm_all, trainer_oh, frag, is_cpu)
     else:
-        batch = min(knobs.max_num_seqs, sequences_per_sp_group(workload.prompts_per_step * workload.n, D, 1))  # this rank's responses
+        batch = min(
+            knobs.max_num_seqs, sequences_per_sp_group(workload.prompts_per_step * workload.n, D, 1)
+        )  # this rank's responses
         gen = hf_generate_memory(
-            batch, workload.prompt_len_tokens, workload.response_len_tokens,
-            kv_bytes_per_token(L, model.num_kv_heads, model.head_dim, 1, c), forward_bytes_per_token(h, q, kvd, inter, 1, c), V, c,
+            batch,
+            workload.prompt_len_tokens,
+            workload.response_len_tokens,
+            kv_bytes_per_token(L, model.num_kv_heads, model.head_dim, 1, c),
+            forward_bytes_per_token(h, q, kvd, inter, 1, c),
+            V,
+            c,
         )
         kv_bytes, kv_tok, max_seqs = gen.kv_cache_bytes, gen.kv_cache_tokens, gen.batch_seqs
         work = {
-            "gathered_layers": gathered, "root_embed_lm_head": root, "hf_kv_cache": gen.kv_cache_bytes,
-            "hf_prefill_activations": gen.prefill_bytes, "hf_sampling_logits": gen.sampling_bytes,
+            "gathered_layers": gathered,
+            "root_embed_lm_head": root,
+            "hf_kv_cache": gen.kv_cache_bytes,
+            "hf_prefill_activations": gen.prefill_bytes,
+            "hf_sampling_logits": gen.sampling_bytes,
         }
         rollout_items = _finish({**resident("rollout_hf"), **work}, {}, trainer_oh, frag, is_cpu)
 
@@ -213,14 +288,20 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
     def lp_pass(ref_pass: bool) -> dict[str, int]:
         entropy = "metric" if (verl and not ref_pass) else "none"  # verl: compute_log_prob(calculate_entropy=True)
         work = log_prob_peak_items(
-            root_gathered=root, gathered_layers=gathered,
-            layer_forward=forward_activation_bytes(t_lp, h, inter, c, mask(t_lp), bool_mask(t_lp)), head_side=2 * c * h * t_lp,
-            logits=logprob_logits_bytes(lp_scored, V, h, c, target, training=False, fused=knobs.fused_logprob, entropy=entropy),
+            root_gathered=root,
+            gathered_layers=gathered,
+            layer_forward=forward_activation_bytes(t_lp, h, inter, c, mask(t_lp), bool_mask(t_lp)),
+            head_side=2 * c * h * t_lp,
+            logits=logprob_logits_bytes(
+                lp_scored, V, h, c, target, training=False, fused=knobs.fused_logprob, entropy=entropy
+            ),
             all_to_all=all_to_all_buffer_bytes(t_lp, q, kvd, c, s),
         )
         return _finish({**resident("log_prob", ref_pass), **work}, leftovers, trainer_oh, frag, is_cpu)
 
-    passes = ([lp_pass(False)] if old_logprob_pass_needed(workload, target) else []) + ([lp_pass(True)] if has_ref else [])
+    passes = ([lp_pass(False)] if old_logprob_pass_needed(workload, target) else []) + (
+        [lp_pass(True)] if has_ref else []
+    )
     if passes:
         lp_items = max(passes, key=lambda items: sum(items.values()))
     else:  # one on-policy update without KL: no pass runs, only what stays resident
@@ -233,17 +314,39 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
         upd_entropy = "grad" if workload.entropy_coeff > 0 else "none"
     root_grads, root_rs = root_grad_bytes(E, H, c, prec.grad_bytes, is_cpu)
     upd_work = update_peak_items(
-        root_gathered=root, root_tied=model.tie_word_embeddings, gathered_layers=gathered,
-        saved_activations=saved_activation_bytes(t_upd, L, per_layer_tok, mask(t_upd), bool_mask(t_upd), h, c, knobs.gradient_checkpointing),
-        recompute_activations=recompute_activation_bytes(t_upd, per_layer_tok, mask(t_upd), knobs.gradient_checkpointing),
-        logits=logprob_logits_bytes(scored_tokens(t_upd, resp, seq, target), V, h, c, target, training=True, fused=knobs.fused_logprob, entropy=upd_entropy),
+        root_gathered=root,
+        root_tied=model.tie_word_embeddings,
+        gathered_layers=gathered,
+        saved_activations=saved_activation_bytes(
+            t_upd, L, per_layer_tok, mask(t_upd), bool_mask(t_upd), h, c, knobs.gradient_checkpointing
+        ),
+        recompute_activations=recompute_activation_bytes(
+            t_upd, per_layer_tok, mask(t_upd), knobs.gradient_checkpointing
+        ),
+        logits=logprob_logits_bytes(
+            scored_tokens(t_upd, resp, seq, target),
+            V,
+            h,
+            c,
+            target,
+            training=True,
+            fused=knobs.fused_logprob,
+            entropy=upd_entropy,
+        ),
         layer_backward_temporaries=layer_backward_temporary_bytes(t_upd, h, inter, c),
-        head_grad=head_grad_bytes(E, H, c, is_cpu), root_grads=root_grads, root_reduce_scatter=root_rs,
+        head_grad=head_grad_bytes(E, H, c, is_cpu),
+        root_grads=root_grads,
+        root_reduce_scatter=root_rs,
         layer_reduce_scatter=layer_reduce_scatter_bytes(P_layer, prec.grad_bytes, is_cpu),
         all_to_all=all_to_all_buffer_bytes(t_upd, q, kvd, c, s),
         # the step runs on the host when the optimizer is offloaded (verl loads it back to the GPU)
-        optimizer_step=adam_step_temporary_bytes(-(-P // D), largest_param_elements(V, h, inter, q), o_off and not verl, is_cpu,
-                                                  fused=is_cpu and target == "grpo-pilot"),  # engine/actor.py: fused AdamW on cpu
+        optimizer_step=adam_step_temporary_bytes(
+            -(-P // D),
+            largest_param_elements(V, h, inter, q),
+            o_off and not verl,
+            is_cpu,
+            fused=is_cpu and target == "grpo-pilot",
+        ),  # engine/actor.py: fused AdamW on cpu
     )
     upd_items = _finish({**resident("update"), **upd_work}, leftovers, trainer_oh, frag, is_cpu)
 
@@ -253,7 +356,11 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
     else:
         largest = largest_gathered_bytes(largest_param_elements(V, h, inter, q), prec.master_bytes, c)
         transfer = {"weight_sync_bucket": ov.weight_sync_bucket_bytes, "largest_gathered_tensor": largest}
-        engine = {"vllm_weights": bud.weights_bytes, "vllm_non_torch": bud.non_torch_bytes, "vllm_cuda_graphs": bud.cuda_graph_bytes}
+        engine = {
+            "vllm_weights": bud.weights_bytes,
+            "vllm_non_torch": bud.non_torch_bytes,
+            "vllm_cuda_graphs": bud.cuda_graph_bytes,
+        }
         if target == "trl" or lay.split:  # the engine never sleeps: its KV cache stays allocated
             engine["vllm_kv_cache"] = bud.kv_cache_bytes
         if lay.split:
@@ -265,8 +372,16 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, workload: Workload, knob
 
     # ---- host RAM per node ------------------------------------------------------------------------
     host = host_items(
-        lay.trainer_gpus_per_node, 1 if is_cpu else cluster.gpus_per_node, master, grads, adam, ref,
-        p_off, o_off, r_off and has_ref, target != "verl",
+        lay.trainer_gpus_per_node,
+        1 if is_cpu else cluster.gpus_per_node,
+        master,
+        grads,
+        adam,
+        ref,
+        p_off,
+        o_off,
+        r_off and has_ref,
+        target != "verl",
         ov.cpu_process_rss_bytes if is_cpu else ov.host_rss_bytes_per_gpu_process,
     )
 

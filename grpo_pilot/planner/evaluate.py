@@ -30,7 +30,9 @@ DEFAULT_HEADROOM_FRACTION = 0.05
 
 def model_ref(resolved: ResolvedModel) -> ModelRef:
     """The plan's record of the model: what was asked for and what it resolved to."""
-    return ModelRef(requested=resolved.requested, resolved=resolved.resolved, hub_id=resolved.hub_id, spec=resolved.spec)
+    return ModelRef(
+        requested=resolved.requested, resolved=resolved.resolved, hub_id=resolved.hub_id, spec=resolved.spec
+    )
 
 
 class PlanInputs(Frozen):
@@ -40,9 +42,15 @@ class PlanInputs(Frozen):
     cluster: Cluster
     workload: Workload = Field(default_factory=Workload)
     target: Target = Field(default="grpo-pilot", description="Executor whose choices the estimate models.")
-    headroom_fraction: float = Field(default=DEFAULT_HEADROOM_FRACTION, ge=0.0, lt=1.0, description="Share of device memory kept free.")
-    overheads: Overheads = Field(default=DEFAULT_OVERHEADS, description="Named memory constants (analytic defaults or a calibration).")
-    calibration: str | None = Field(default=None, description="Name of the calibration the overheads come from (None = analytic defaults).")
+    headroom_fraction: float = Field(
+        default=DEFAULT_HEADROOM_FRACTION, ge=0.0, lt=1.0, description="Share of device memory kept free."
+    )
+    overheads: Overheads = Field(
+        default=DEFAULT_OVERHEADS, description="Named memory constants (analytic defaults or a calibration)."
+    )
+    calibration: str | None = Field(
+        default=None, description="Name of the calibration the overheads come from (None = analytic defaults)."
+    )
 
     @property
     def usable_gpu_bytes(self) -> int:
@@ -76,17 +84,30 @@ def assess(inputs: PlanInputs, knobs: Knobs, structural: tuple[Check, ...] | Non
     """Memory estimate → rollout concurrency → time estimate → all checks."""
     spec, cluster, workload = inputs.model.spec, inputs.cluster, inputs.workload
     memory = estimate_memory(spec, cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
-    time = estimate_time(spec, cluster, workload, knobs, target=inputs.target, max_concurrent_seqs=max(1, memory.max_concurrent_seqs))
+    time = estimate_time(
+        spec, cluster, workload, knobs, target=inputs.target, max_concurrent_seqs=max(1, memory.max_concurrent_seqs)
+    )
     kv_short = knobs.rollout_backend == "vllm" and memory.kv_cache_tokens_per_gpu < workload.seq_len_tokens
-    kv_budget = rollout_kv_budget_bytes(spec, cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads) if kv_short else None
+    kv_budget = (
+        rollout_kv_budget_bytes(spec, cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
+        if kv_short
+        else None
+    )
     checks = (structural if structural is not None else cheap_checks(inputs, knobs)) + memory_checks(
-        memory, workload, knobs, usable_gpu_bytes=inputs.usable_gpu_bytes, host_ram_bytes=cluster.host_ram_bytes_per_node,
-        kv_budget_bytes=kv_budget, device_bytes=cluster.gpu.memory_bytes,
+        memory,
+        workload,
+        knobs,
+        usable_gpu_bytes=inputs.usable_gpu_bytes,
+        host_ram_bytes=cluster.host_ram_bytes_per_node,
+        kv_budget_bytes=kv_budget,
+        device_bytes=cluster.gpu.memory_bytes,
     )
     return Assessment(knobs=knobs, memory=memory, time=time, checks=checks)
 
 
-def to_plan(inputs: PlanInputs, a: Assessment, *, provenance: Provenance | None = None, suggestions: tuple[str, ...] = ()) -> Plan:
+def to_plan(
+    inputs: PlanInputs, a: Assessment, *, provenance: Provenance | None = None, suggestions: tuple[str, ...] = ()
+) -> Plan:
     """The frozen plan.json record of an assessment."""
     memory, time = a.memory, a.time
     return Plan(

@@ -48,10 +48,14 @@ def micro_batch_seqs(plan: Plan) -> int:
 def verl_notes(plan: Plan) -> tuple[str, ...]:
     notes = []
     if plan.knobs.placement == "split":
-        notes.append("placement=split has no main_ppo key: verl's main_ppo colocates rollout and training (hybrid engine); "
-                     "this command runs colocated, so re-plan with --pin placement=colocated before trusting its memory.")
+        notes.append(
+            "placement=split has no main_ppo key: verl's main_ppo colocates rollout and training (hybrid engine); "
+            "this command runs colocated, so re-plan with --pin placement=colocated before trusting its memory."
+        )
     if plan.target != "verl":
-        notes.append(f"memory was estimated for target {plan.target}; re-plan with --target verl for verl's own memory behaviour.")
+        notes.append(
+            f"memory was estimated for target {plan.target}; re-plan with --target verl for verl's own memory behaviour."
+        )
     if not plan.fits:
         notes.append("this plan does NOT fit (see grpo-plan's violations); the command is printed for reference only.")
     return tuple(notes)
@@ -79,11 +83,15 @@ def verl_overrides(plan: Plan) -> tuple[tuple[str, str], ...]:
         ("actor_rollout_ref.actor.ppo_epochs", str(w.ppo_epochs)),
     ]
     if k.dynamic_batching:
-        out += [("actor_rollout_ref.actor.use_dynamic_bsz", "True"),
-                ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", str(k.max_token_len_per_gpu))]
+        out += [
+            ("actor_rollout_ref.actor.use_dynamic_bsz", "True"),
+            ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", str(k.max_token_len_per_gpu)),
+        ]
     else:
-        out += [("actor_rollout_ref.actor.use_dynamic_bsz", "False"),
-                ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", str(k.micro_batch_size_per_gpu))]
+        out += [
+            ("actor_rollout_ref.actor.use_dynamic_bsz", "False"),
+            ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", str(k.micro_batch_size_per_gpu)),
+        ]
     out += [
         ("actor_rollout_ref.actor.use_kl_loss", _b(w.use_kl_loss)),
         ("actor_rollout_ref.actor.kl_loss_coef", str(KL_LOSS_COEF if w.use_kl_loss else 0.0)),
@@ -99,7 +107,10 @@ def verl_overrides(plan: Plan) -> tuple[tuple[str, str], ...]:
         ("actor_rollout_ref.ref.fsdp_config.param_offload", _b(k.ref_param_offload)),
         ("actor_rollout_ref.rollout.name", k.rollout_backend),
         ("actor_rollout_ref.rollout.n", str(w.n)),
-        ("actor_rollout_ref.rollout.tensor_model_parallel_size", str(k.rollout_tp if k.rollout_backend == "vllm" else 1)),
+        (
+            "actor_rollout_ref.rollout.tensor_model_parallel_size",
+            str(k.rollout_tp if k.rollout_backend == "vllm" else 1),
+        ),
         ("actor_rollout_ref.rollout.gpu_memory_utilization", f"{k.gpu_memory_utilization:g}"),
         ("actor_rollout_ref.rollout.max_num_batched_tokens", str(k.max_num_batched_tokens)),
         ("actor_rollout_ref.rollout.max_num_seqs", str(k.max_num_seqs)),
@@ -128,11 +139,15 @@ def _shell_value(value: str) -> str:
 
 def verl_command(plan: Plan) -> str:
     """A bash command line (with `#` comment lines first) that launches verl with the plan's knobs."""
-    head = [f"# verl GRPO for {_model_path(plan)} on {plan.cluster.label()} "
-            f"(grpo-pilot plan: predicted {plan.predicted_step_s:.1f} s/step, fits={plan.fits})",
-            "# set TRAIN_FILES and VAL_FILES to your parquet files first"]
+    head = [
+        f"# verl GRPO for {_model_path(plan)} on {plan.cluster.label()} "
+        f"(grpo-pilot plan: predicted {plan.predicted_step_s:.1f} s/step, fits={plan.fits})",
+        "# set TRAIN_FILES and VAL_FILES to your parquet files first",
+    ]
     head += [f"# note: {n}" for n in verl_notes(plan)]
-    lines = ["python3 -m verl.trainer.main_ppo"] + [f"    {key}={_shell_value(val)}" for key, val in verl_overrides(plan)]
+    lines = ["python3 -m verl.trainer.main_ppo"] + [
+        f"    {key}={_shell_value(val)}" for key, val in verl_overrides(plan)
+    ]
     return "\n".join(head) + "\n" + " \\\n".join(lines) + "\n"
 
 
@@ -171,20 +186,36 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
         settings["fsdp"] = "full_shard offload auto_wrap"
     else:
         settings["fsdp"] = "full_shard auto_wrap"
-    notes = [] if plan.target == "trl" else [f"memory was estimated for target {plan.target}; re-plan with --target trl for TRL's own memory behaviour"]
-    notes += [f"launch on {train_gpus} training processes (accelerate launch --num_processes {train_gpus})",
-             f"keep prompts at most {w.prompt_len_tokens} tokens (filter the dataset; GRPOConfig has no prompt-length cap in trl 1.16)"]
+    notes = (
+        []
+        if plan.target == "trl"
+        else [
+            f"memory was estimated for target {plan.target}; re-plan with --target trl for TRL's own memory behaviour"
+        ]
+    )
+    notes += [
+        f"launch on {train_gpus} training processes (accelerate launch --num_processes {train_gpus})",
+        f"keep prompts at most {w.prompt_len_tokens} tokens (filter the dataset; GRPOConfig has no prompt-length cap in trl 1.16)",
+    ]
     if per_device * train_gpus * grad_accum != w.mini_batch_prompts * w.n:
-        notes.append(f"the mini-batch of {w.mini_batch_prompts * w.n} completions is not a multiple of "
-                     f"{per_device} × {train_gpus}; the optimizer step uses {per_device * train_gpus * grad_accum}")
+        notes.append(
+            f"the mini-batch of {w.mini_batch_prompts * w.n} completions is not a multiple of "
+            f"{per_device} × {train_gpus}; the optimizer step uses {per_device * train_gpus * grad_accum}"
+        )
     if k.rollout_backend == "vllm" and not colocate:
-        notes.append(f"server mode: start `trl vllm-serve --model {_model_path(plan)} --tensor-parallel-size {k.rollout_tp}` on the rollout GPUs")
+        notes.append(
+            f"server mode: start `trl vllm-serve --model {_model_path(plan)} --tensor-parallel-size {k.rollout_tp}` on the rollout GPUs"
+        )
     if k.dynamic_batching:
-        notes.append(f"token budget {k.max_token_len_per_gpu} has no GRPOConfig key: expressed as {per_device} sequences per micro-batch")
+        notes.append(
+            f"token budget {k.max_token_len_per_gpu} has no GRPOConfig key: expressed as {per_device} sequences per micro-batch"
+        )
     if w.use_kl_loss and k.ref_param_offload:
         notes.append("ref_param_offload has no GRPOConfig key (TRL keeps the reference model on the GPU)")
     if k.ulysses_sp > 1:
-        notes.append(f"ulysses_sp={k.ulysses_sp} has no GRPOConfig key (use accelerate's parallelism_config for context parallelism)")
+        notes.append(
+            f"ulysses_sp={k.ulysses_sp} has no GRPOConfig key (use accelerate's parallelism_config for context parallelism)"
+        )
     if k.fused_logprob:
         notes.append("fused_logprob has no GRPOConfig key in trl 1.16 (use_liger_kernel is deprecated there)")
     if k.rollout_backend == "vllm" and k.enforce_eager:
@@ -200,8 +231,10 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
 def trl_config_text(plan: Plan) -> str:
     """Python source building the `GRPOConfig`, with notes as comments."""
     settings, notes = trl_settings(plan)
-    head = [f"# TRL GRPOConfig for {_model_path(plan)} on {plan.cluster.label()} (grpo-pilot plan: predicted "
-            f"{plan.predicted_step_s:.1f} s/step, fits={plan.fits})"]
+    head = [
+        f"# TRL GRPOConfig for {_model_path(plan)} on {plan.cluster.label()} (grpo-pilot plan: predicted "
+        f"{plan.predicted_step_s:.1f} s/step, fits={plan.fits})"
+    ]
     head += [f"# note: {n}" for n in notes]
     body = ["from trl import GRPOConfig", "", "config = GRPOConfig("]
     body += [f"    {key}={value!r}," for key, value in settings.items()]

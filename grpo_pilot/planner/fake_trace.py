@@ -42,7 +42,10 @@ def hf_config_from_spec(spec: ModelSpec) -> Any:
     from transformers import AutoConfig
 
     if spec.is_moe:
-        raise InputError(f"The traced method covers dense models; '{spec.name}' is a mixture of experts.", "Compare MoE models with the analytic estimate only.")
+        raise InputError(
+            f"The traced method covers dense models; '{spec.name}' is a mixture of experts.",
+            "Compare MoE models with the analytic estimate only.",
+        )
     fields: dict[str, Any] = {
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
@@ -59,7 +62,9 @@ def hf_config_from_spec(spec: ModelSpec) -> Any:
     try:
         return AutoConfig.for_model(spec.model_type, **fields)
     except (KeyError, ValueError) as exc:
-        raise InputError(f"transformers cannot build a '{spec.model_type}' model ({exc}).", "Trace a qwen2, qwen3 or llama model.") from None
+        raise InputError(
+            f"transformers cannot build a '{spec.model_type}' model ({exc}).", "Trace a qwen2, qwen3 or llama model."
+        ) from None
 
 
 @contextmanager
@@ -92,7 +97,10 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
-        raise RunError("A torch.distributed process group is already initialised in this process.", "Run the trace in its own process (e.g. `python benchmarks/traced_vs_analytic.py`).")
+        raise RunError(
+            "A torch.distributed process group is already initialised in this process.",
+            "Run the trace in its own process (e.g. `python benchmarks/traced_vs_analytic.py`).",
+        )
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         yield init_device_mesh("cpu", (world_size,))

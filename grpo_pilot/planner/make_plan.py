@@ -10,7 +10,9 @@ from grpo_pilot.planner.search import DEFAULT_TRIALS, search
 from grpo_pilot.planner.suggest import suggest
 
 
-def make_plan(inputs: PlanInputs, *, pins: Mapping[str, Any] | None = None, trials: int = DEFAULT_TRIALS, seed: int = 0) -> Plan:
+def make_plan(
+    inputs: PlanInputs, *, pins: Mapping[str, Any] | None = None, trials: int = DEFAULT_TRIALS, seed: int = 0
+) -> Plan:
     """Search (or evaluate, when every searched knob is pinned) and build the plan.
 
     When nothing fits, the plan is the least infeasible configuration with `fits=False`, its
@@ -18,7 +20,12 @@ def make_plan(inputs: PlanInputs, *, pins: Mapping[str, Any] | None = None, tria
     """
     pins = dict(pins or {})
     result = search(inputs, pins=pins, trials=trials, seed=seed)
-    provenance = Provenance(calibration=inputs.calibration, search_trials=result.trials, search_seed=result.seed,
-                            feasible_trials=result.feasible_trials, refine_evaluations=result.refine_evaluations)
+    provenance = Provenance(
+        calibration=inputs.calibration,
+        search_trials=result.trials,
+        search_seed=result.seed,
+        feasible_trials=result.feasible_trials,
+        refine_evaluations=result.refine_evaluations,
+    )
     suggestions = () if result.best.fits else suggest(inputs, result.best, pins)
     return to_plan(inputs, result.best, provenance=provenance, suggestions=suggestions)

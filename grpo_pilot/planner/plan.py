@@ -37,18 +37,24 @@ class Provenance(Frozen):
     """Where the numbers come from."""
 
     tool_version: str = __version__
-    calibration: str | None = Field(default=None, description="Calibration profile applied to the coefficients (None = analytic defaults).")
+    calibration: str | None = Field(
+        default=None, description="Calibration profile applied to the coefficients (None = analytic defaults)."
+    )
     search_trials: int = Field(default=0, ge=0, description="Optuna trials evaluated (0 = every knob pinned).")
     search_seed: int | None = Field(default=None, description="Sampler seed.")
     feasible_trials: int = Field(default=0, ge=0, description="Trials that satisfied every constraint.")
-    refine_evaluations: int = Field(default=0, ge=0, description="Configurations the local refinement after the study assessed.")
+    refine_evaluations: int = Field(
+        default=0, ge=0, description="Configurations the local refinement after the study assessed."
+    )
 
 
 class Plan(Frozen):
     """A fully evaluated configuration: inputs, knobs, predicted memory and time, verdict."""
 
     schema_version: int = Field(default=SCHEMA_VERSION, description="plan.json schema; bumped on breaking changes.")
-    fits: bool = Field(description="Every phase fits usable GPU memory, host RAM fits, and every divisibility rule holds.")
+    fits: bool = Field(
+        description="Every phase fits usable GPU memory, host RAM fits, and every divisibility rule holds."
+    )
     knobs: Knobs
     peak_gpu_bytes: int = Field(ge=0, description="Largest phase total on one GPU.")
     usable_gpu_bytes: int = Field(gt=0, description="Device memory minus the safety headroom.")
@@ -61,7 +67,9 @@ class Plan(Frozen):
     host_ram_bytes_per_node: int = Field(gt=0, description="Host RAM available per node.")
     kv_cache_tokens_per_gpu: int = Field(ge=0)
     max_concurrent_seqs: int = Field(ge=0)
-    binding_constraint: str | None = Field(default=None, description="'phase.item' (or rule) that limits the plan; None if nothing binds.")
+    binding_constraint: str | None = Field(
+        default=None, description="'phase.item' (or rule) that limits the plan; None if nothing binds."
+    )
     violations: tuple[str, ...] = Field(default=(), description="Every constraint this plan breaks (empty when fits).")
     suggestions: tuple[str, ...] = Field(default=(), description="What would make it fit, computed by the estimator.")
     model: ModelRef
@@ -92,10 +100,15 @@ def load_plan(path: str | Path) -> Plan:
     if not isinstance(raw, dict) or "schema_version" not in raw or "knobs" not in raw:
         raise InputError(f"'{p}' is not a grpo-pilot plan (no schema_version/knobs).", redo)
     if raw["schema_version"] != SCHEMA_VERSION:
-        raise InputError(f"'{p}' has plan schema_version {raw['schema_version']}; this grpo-pilot reads version {SCHEMA_VERSION}.", redo)
+        raise InputError(
+            f"'{p}' has plan schema_version {raw['schema_version']}; this grpo-pilot reads version {SCHEMA_VERSION}.",
+            redo,
+        )
     try:
         return Plan.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
-        raise InputError(f"'{p}' is a damaged plan: field '{where}': {first['msg']} ({exc.error_count()} problem(s)).", redo) from None
+        raise InputError(
+            f"'{p}' is a damaged plan: field '{where}': {first['msg']} ({exc.error_count()} problem(s)).", redo
+        ) from None

@@ -45,10 +45,18 @@ class MemoryReport(Frozen):
     """Per-GPU peak memory of every phase, plus host RAM per node."""
 
     phases: dict[PhaseName, PhaseMemory] = Field(description="rollout, log_prob, update, weight_sync.")
-    host: PhaseMemory = Field(description="Host RAM per node: offloaded states of every rank on the node, pinned buffers.")
-    kv_cache_bytes_per_gpu: int = Field(ge=0, description="KV cache the rollout engine gets (its budget minus weights, activations, graphs, buffers).")
-    kv_cache_tokens_per_gpu: int = Field(ge=0, description="Tokens of KV cache that fit on one GPU of the rollout engine.")
-    max_concurrent_seqs: int = Field(ge=0, description="Sequences that can decode at once per rollout replica (KV capacity, capped by max_num_seqs).")
+    host: PhaseMemory = Field(
+        description="Host RAM per node: offloaded states of every rank on the node, pinned buffers."
+    )
+    kv_cache_bytes_per_gpu: int = Field(
+        ge=0, description="KV cache the rollout engine gets (its budget minus weights, activations, graphs, buffers)."
+    )
+    kv_cache_tokens_per_gpu: int = Field(
+        ge=0, description="Tokens of KV cache that fit on one GPU of the rollout engine."
+    )
+    max_concurrent_seqs: int = Field(
+        ge=0, description="Sequences that can decode at once per rollout replica (KV capacity, capped by max_num_seqs)."
+    )
 
     @property
     def peak_gpu_bytes(self) -> int:
@@ -65,4 +73,7 @@ class TimeReport(Frozen):
     phases_s: dict[PhaseName, float] = Field(description="rollout, log_prob (old + ref), update, weight_sync seconds.")
     step_s: float = Field(ge=0.0, description="Sum of phases.")
     tokens_per_s: float = Field(ge=0.0, description="Trained tokens (prompt + response) per second, whole cluster.")
-    mfu: float = Field(ge=0.0, description="Model FLOPs utilisation of the whole step (6P per trained token + 2P per log-prob token + 2P per generated token) / (peak × GPUs × step_s).")
+    mfu: float = Field(
+        ge=0.0,
+        description="Model FLOPs utilisation of the whole step (6P per trained token + 2P per log-prob token + 2P per generated token) / (peak × GPUs × step_s).",
+    )

@@ -43,7 +43,14 @@ UTILIZATION_CHOICES: tuple[float, ...] = tuple(round(0.30 + 0.05 * i, 2) for i i
 MICRO_BATCH_CHOICES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 BUDGET_SEQUENCES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 PARALLEL_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
-BOOL_KNOBS: tuple[str, ...] = ("param_offload", "optimizer_offload", "ref_param_offload", "gradient_checkpointing", "fused_logprob", "enforce_eager")
+BOOL_KNOBS: tuple[str, ...] = (
+    "param_offload",
+    "optimizer_offload",
+    "ref_param_offload",
+    "gradient_checkpointing",
+    "fused_logprob",
+    "enforce_eager",
+)
 UPDATE_BATCH = "update_batch"
 # Knobs that, given the shared ones (TP, SP, offloads, eager, fused), act on one phase only:
 # group dimensions and the checks that judge them (utilisation also sizes what weight sync holds).
@@ -53,13 +60,21 @@ PHASE_GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "update": ((UPDATE_BATCH, "gradient_checkpointing"), ("memory.update",)),
 }
 # Knobs never searched (Knobs() defaults unless pinned): engine caps and the layout.
-UNSEARCHED: tuple[str, ...] = ("max_num_seqs", "max_num_batched_tokens", "rollout_backend", "placement", "split_rollout_gpus_per_node")
+UNSEARCHED: tuple[str, ...] = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "rollout_backend",
+    "placement",
+    "split_rollout_gpus_per_node",
+)
 
 
 class SearchSpace(Frozen):
     """Free dimensions (name → ordered choices) and the pinned knob values."""
 
-    choices: dict[str, tuple[Any, ...]] = Field(description="Dimension name -> choices; knob names plus 'update_batch'.")
+    choices: dict[str, tuple[Any, ...]] = Field(
+        description="Dimension name -> choices; knob names plus 'update_batch'."
+    )
     pinned: dict[str, Any] = Field(default_factory=dict, description="Knob name -> value fixed by the user.")
 
     @property
@@ -80,7 +95,9 @@ class SearchResult(Frozen):
     best: Assessment
     trials: int = Field(ge=0, description="Trials the study ran (0 = every searched knob pinned).")
     feasible_trials: int = Field(ge=0)
-    refine_evaluations: int = Field(default=0, ge=0, description="Configurations the local refinement assessed after the study.")
+    refine_evaluations: int = Field(
+        default=0, ge=0, description="Configurations the local refinement assessed after the study."
+    )
     seed: int | None = None
 
 
@@ -124,7 +141,9 @@ def build_space(inputs: PlanInputs, pins: Mapping[str, Any] | None = None) -> Se
     elif "micro_batch_size_per_gpu" not in pins and pins["max_token_len_per_gpu"] is None:
         choices[UPDATE_BATCH] = micro  # dynamic batching pinned off: search the fixed micro-batch
     if "log_prob_max_token_len_per_gpu" not in pins:
-        choices["log_prob_max_token_len_per_gpu"] = _with(tuple(k * seq for k in BUDGET_SEQUENCES), defaults.log_prob_max_token_len_per_gpu)
+        choices["log_prob_max_token_len_per_gpu"] = _with(
+            tuple(k * seq for k in BUDGET_SEQUENCES), defaults.log_prob_max_token_len_per_gpu
+        )
     for name in BOOL_KNOBS:
         if name in pins:
             continue
@@ -161,7 +180,11 @@ def params_for(space: SearchSpace, knobs: Knobs) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, options in space.choices.items():
         if name == UPDATE_BATCH:
-            value: Any = f"tokens:{knobs.max_token_len_per_gpu}" if knobs.dynamic_batching else f"micro:{knobs.micro_batch_size_per_gpu}"
+            value: Any = (
+                f"tokens:{knobs.max_token_len_per_gpu}"
+                if knobs.dynamic_batching
+                else f"micro:{knobs.micro_batch_size_per_gpu}"
+            )
         else:
             value = getattr(knobs, name)
         if value in options:
@@ -210,7 +233,9 @@ def frugal_candidates(space: SearchSpace) -> Iterator[Knobs]:
     the corners most likely to fit when little does."""
     base = frugal_knobs(space)
     tps = space.choices.get("rollout_tp", (base.rollout_tp,))
-    utils = tuple(u for u in space.choices.get("gpu_memory_utilization", ()) if round(u * 10) == u * 10) or (base.gpu_memory_utilization,)
+    utils = tuple(u for u in space.choices.get("gpu_memory_utilization", ()) if round(u * 10) == u * 10) or (
+        base.gpu_memory_utilization,
+    )
     for tp in sorted(tps, reverse=True):
         for util in utils:
             yield base.model_copy(update={"rollout_tp": tp, "gpu_memory_utilization": util})
@@ -269,11 +294,13 @@ def _single_changes(space: SearchSpace, names: list[str], point: Mapping[str, An
 def _double_changes(space: SearchSpace, names: list[str], point: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     for i, first in enumerate(names):
         for one in _single_changes(space, [first], point):
-            for two in _single_changes(space, names[i + 1:], point):
+            for two in _single_changes(space, names[i + 1 :], point):
                 yield {**one, **two}
 
 
-def refine(inputs: PlanInputs, space: SearchSpace, starts: list[Assessment], max_evaluations: int = REFINE_MAX_EVALUATIONS) -> tuple[Assessment, int]:
+def refine(
+    inputs: PlanInputs, space: SearchSpace, starts: list[Assessment], max_evaluations: int = REFINE_MAX_EVALUATIONS
+) -> tuple[Assessment, int]:
     """Deterministic local search from each feasible start.
 
     Knobs split into phase groups (`PHASE_GROUPS`: utilisation → rollout; log-prob budget →
@@ -344,7 +371,9 @@ def refine(inputs: PlanInputs, space: SearchSpace, starts: list[Assessment], max
     return overall, len(cache)
 
 
-def search(inputs: PlanInputs, *, pins: Mapping[str, Any] | None = None, trials: int = DEFAULT_TRIALS, seed: int = 0) -> SearchResult:
+def search(
+    inputs: PlanInputs, *, pins: Mapping[str, Any] | None = None, trials: int = DEFAULT_TRIALS, seed: int = 0
+) -> SearchResult:
     """Seeded Optuna study over `build_space`, then `refine` from its best feasible trials; with no
     free dimension, evaluates the pinned knobs."""
     space = build_space(inputs, pins)
@@ -374,7 +403,9 @@ def search(inputs: PlanInputs, *, pins: Mapping[str, Any] | None = None, trials:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # multivariate TPE is flagged experimental
-        sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=min(20, max(1, trials // 4)))
+        sampler = optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, n_startup_trials=min(20, max(1, trials // 4))
+        )
         study = optuna.create_study(direction="maximize", sampler=sampler)
         study.enqueue_trial(params_for(space, Knobs(**space.pinned)), skip_if_exists=True)
         study.enqueue_trial(params_for(space, frugal_knobs(space)), skip_if_exists=True)
@@ -390,6 +421,10 @@ def search(inputs: PlanInputs, *, pins: Mapping[str, Any] | None = None, trials:
         best.append(assess(inputs, knobs_for(space, params_for(space, Knobs(**space.pinned)))))
     refined, evaluations = best[0], 0
     if feasible:
-        starts = sorted({_key(params_for(space, a.knobs)): a for a in feasible}.values(), key=objective_value, reverse=True)[:REFINE_STARTS]
+        starts = sorted(
+            {_key(params_for(space, a.knobs)): a for a in feasible}.values(), key=objective_value, reverse=True
+        )[:REFINE_STARTS]
         refined, evaluations = refine(inputs, space, starts)
-    return SearchResult(best=refined, trials=len(study.trials), feasible_trials=len(feasible), refine_evaluations=evaluations, seed=seed)
+    return SearchResult(
+        best=refined, trials=len(study.trials), feasible_trials=len(feasible), refine_evaluations=evaluations, seed=seed
+    )

@@ -115,7 +115,12 @@ def suggest(inputs: PlanInputs, failed: Assessment, pins: Mapping[str, Any] | No
     """Suggestions for a configuration that does not fit (see module docstring)."""
     pins = dict(pins or {})
     free = {k: v for k, v in pins.items() if k not in OFFLOADS}
-    found = [_with_offloads(inputs, failed), _host_ram_needed(inputs, free), _fewest_gpus(inputs, free), _longest_response(inputs, free)]
+    found = [
+        _with_offloads(inputs, failed),
+        _host_ram_needed(inputs, free),
+        _fewest_gpus(inputs, free),
+        _longest_response(inputs, free),
+    ]
     out = tuple(s for s in found if s)
     if not out and pins:  # the pins themselves may be what cannot fit: say what would fit without them
         unpinned = [_host_ram_needed(inputs, {}), _fewest_gpus(inputs, {}), _longest_response(inputs, {})]
@@ -123,5 +128,7 @@ def suggest(inputs: PlanInputs, failed: Assessment, pins: Mapping[str, Any] | No
         if not out and first_fit(inputs, {}) is not None:
             out = ("without the pinned knobs it fits on this cluster: drop the --pin flags and let the search choose.",)
     if not out:
-        return (f"no cluster of up to {MAX_NODES} nodes of this GPU and no shorter response fits; use a GPU with more memory or a smaller model.",)
+        return (
+            f"no cluster of up to {MAX_NODES} nodes of this GPU and no shorter response fits; use a GPU with more memory or a smaller model.",
+        )
     return out

@@ -75,8 +75,16 @@ ADAM_BYTES_PER_PARAM = 28
 # B200, MI300X, RTX 5090: PCIe 5.0; the rest PCIe 4.0). Bytes/s, one direction, x16.
 _PCIE5 = 64 * GB
 _PCIE4 = 32 * GB
-HOST_LINK_BYTES_PER_S = {"H100-80G": _PCIE5, "H100-PCIE": _PCIE5, "H800": _PCIE5, "H20": _PCIE5, "H200": _PCIE5,
-                         "B200": _PCIE5, "MI300X": _PCIE5, "RTX5090": _PCIE5}
+HOST_LINK_BYTES_PER_S = {
+    "H100-80G": _PCIE5,
+    "H100-PCIE": _PCIE5,
+    "H800": _PCIE5,
+    "H20": _PCIE5,
+    "H200": _PCIE5,
+    "B200": _PCIE5,
+    "MI300X": _PCIE5,
+    "RTX5090": _PCIE5,
+}
 
 BF16_BYTES = 2
 FP32_BYTES = 4
@@ -135,7 +143,9 @@ def _ring_time_s(bytes_total: float, ranks: int, bw: float) -> float:
     return bytes_total * (ranks - 1) / ranks / bw
 
 
-def rollout_time_s(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, max_concurrent_seqs: int) -> float:
+def rollout_time_s(
+    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, max_concurrent_seqs: int
+) -> float:
     """Prefill + decode of every response of the step, per replica in parallel."""
     gpu = cluster.gpu
     rollout_gpus, _ = pools(cluster, knobs)
@@ -152,7 +162,13 @@ def rollout_time_s(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs:
     launch_s = EAGER_LAUNCH_S_PER_LAYER * spec.num_layers if (hf or knobs.enforce_eager) else 0.0
     comm_bw = collective_bytes_per_s(gpu, spans_nodes=False)
     # HF generate on an FSDP policy all-gathers every weight for every forward.
-    gather_s = _ring_time_s(BF16_BYTES * param_counts(spec)[0], rollout_gpus, collective_bytes_per_s(gpu, cluster.num_nodes > 1)) if hf else 0.0
+    gather_s = (
+        _ring_time_s(
+            BF16_BYTES * param_counts(spec)[0], rollout_gpus, collective_bytes_per_s(gpu, cluster.num_nodes > 1)
+        )
+        if hf
+        else 0.0
+    )
 
     def tp_comm_s(tokens: float) -> float:
         if tp <= 1:
@@ -182,9 +198,17 @@ def rollout_time_s(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs:
     return prefill_s + decode_s
 
 
-def _micro_loop_s(seqs: int, per_micro: int, tokens_per_seq: float, compute_s_per_token: float, comm_s_per_micro: float, serial_s_per_token: float) -> float:
+def _micro_loop_s(
+    seqs: int,
+    per_micro: int,
+    tokens_per_seq: float,
+    compute_s_per_token: float,
+    comm_s_per_micro: float,
+    serial_s_per_token: float,
+) -> float:
     """Full micro-batches of `per_micro` sequences and one partial one: each lasts max(compute,
     overlapped communication) plus its non-overlapped per-token time (`tokens_per_seq` per rank)."""
+
     def one(n: int) -> float:
         tokens = n * tokens_per_seq
         return max(tokens * compute_s_per_token, comm_s_per_micro) + tokens * serial_s_per_token
@@ -249,10 +273,15 @@ def _train_side(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Kn
     gpu = cluster.gpu
     _, train_gpus = pools(cluster, knobs)
     return _TrainSide(
-        gpu=gpu, prec=precision_for(target, gpu.is_cpu), train_gpus=train_gpus, sp=knobs.ulysses_sp, seq=workload.seq_len_tokens,
+        gpu=gpu,
+        prec=precision_for(target, gpu.is_cpu),
+        train_gpus=train_gpus,
+        sp=knobs.ulysses_sp,
+        seq=workload.seq_len_tokens,
         dp=max(1, train_gpus // knobs.ulysses_sp),
         bw=collective_bytes_per_s(gpu, cluster.num_nodes > 1 and train_gpus > cluster.gpus_per_node),
-        shard_params=param_counts(spec)[0] / train_gpus, host=_host_rate(cluster),
+        shard_params=param_counts(spec)[0] / train_gpus,
+        host=_host_rate(cluster),
     )
 
 
@@ -270,7 +299,9 @@ def log_prob_time_s(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs
         h2d = bytes_per_param * shard_params / host if offloaded and not gpu.is_cpu else 0.0
         if streams:  # every micro-batch streams the shard in, overlapped with compute like the all-gather
             return _micro_loop_s(seqs_per_rank, per_micro, seq / sp, compute_per_token, gather_s + h2d, a2a_per_token)
-        return _micro_loop_s(seqs_per_rank, per_micro, seq / sp, compute_per_token, gather_s, a2a_per_token) + h2d  # verl: once per pass
+        return (
+            _micro_loop_s(seqs_per_rank, per_micro, seq / sp, compute_per_token, gather_s, a2a_per_token) + h2d
+        )  # verl: once per pass
 
     total = 0.0
     if old_logprob_pass_needed(workload, target):
@@ -329,7 +360,11 @@ def weight_sync_time_s(spec: ModelSpec, cluster: Cluster, knobs: Knobs, target: 
     p_off = knobs.param_offload and not gpu.is_cpu
     # Offloaded params come from the host once (verl loads them for the sync; streaming targets read
     # each shard once while gathering).
-    offload_s = precision_for(target, gpu.is_cpu).master_bytes * param_counts(spec)[0] / train_gpus / _host_rate(cluster) if p_off else 0.0
+    offload_s = (
+        precision_for(target, gpu.is_cpu).master_bytes * param_counts(spec)[0] / train_gpus / _host_rate(cluster)
+        if p_off
+        else 0.0
+    )
     if knobs.placement == "split":
         cross = INTER_NODE_BYTES_PER_S if cluster.num_nodes > 1 else gpu.link_bytes_per_s
         return weights / (cross * LINK_EFFICIENCY) + load_s + offload_s

@@ -53,7 +53,14 @@ CATEGORY_OF_LABEL: dict[str, str] = {
     "Inputs": "activations",
     "Temp": "temporaries",
 }
-CATEGORIES: tuple[str, ...] = ("parameters", "gathered_parameters", "gradients", "optimizer", "activations", "temporaries")
+CATEGORIES: tuple[str, ...] = (
+    "parameters",
+    "gathered_parameters",
+    "gradients",
+    "optimizer",
+    "activations",
+    "temporaries",
+)
 
 
 class TracedMemory(Frozen):
@@ -63,10 +70,16 @@ class TracedMemory(Frozen):
     num_params: int = Field(gt=0, description="Parameters of the traced HF model (equals ModelSpec.num_params).")
     world_size: int = Field(ge=1, description="FSDP shard degree D (fake process group size).")
     micro_batch_seqs: int = Field(ge=1, description="Sequences in the traced micro-batch.")
-    micro_batches_per_step: int = Field(ge=1, description="Micro-batches whose gradients accumulate before each optimizer step.")
+    micro_batches_per_step: int = Field(
+        ge=1, description="Micro-batches whose gradients accumulate before each optimizer step."
+    )
     seq_len_tokens: int = Field(ge=1, description="Tokens per sequence (prompt + response).")
-    scored_positions_per_seq: int = Field(ge=1, description="Positions per sequence whose logits are computed (logits_to_keep).")
-    packed: bool = Field(description="One packed row with per-sequence position ids (block-causal mask under SDPA) instead of [B, S] rows.")
+    scored_positions_per_seq: int = Field(
+        ge=1, description="Positions per sequence whose logits are computed (logits_to_keep)."
+    )
+    packed: bool = Field(
+        description="One packed row with per-sequence position ids (block-causal mask under SDPA) instead of [B, S] rows."
+    )
     gradient_checkpointing: bool = Field(description="HF activation checkpointing on every decoder layer.")
     param_dtype: str = Field(description="Compute dtype of gathered parameters (MixedPrecisionPolicy.param_dtype).")
     master_dtype: str = Field(description="Dtype of the sharded master parameters, gradients and Adam states.")
@@ -77,8 +90,12 @@ class TracedMemory(Frozen):
     peak_labels: dict[str, int] = Field(description="Tracker label -> bytes at the peak; sums to peak_bytes.")
     forward_backward_labels: dict[str, int] = Field(description="Tracker label -> bytes at the forward/backward peak.")
     optimizer_step_labels: dict[str, int] = Field(description="Tracker label -> bytes at the optimizer-step peak.")
-    optimizer_state_bytes: int = Field(ge=0, description="Optimizer states resident after the step (Adam m, v, step counters).")
-    optimizer_step_counter_bytes: int = Field(ge=0, description="Of which AdamW's scalar `step` tensors (host-side on CUDA unless fused).")
+    optimizer_state_bytes: int = Field(
+        ge=0, description="Optimizer states resident after the step (Adam m, v, step counters)."
+    )
+    optimizer_step_counter_bytes: int = Field(
+        ge=0, description="Of which AdamW's scalar `step` tensors (host-side on CUDA unless fused)."
+    )
     trace_s: float = Field(ge=0.0, description="Wall time of the trace.")
 
     @property
@@ -119,7 +136,9 @@ def grpo_token_loss(logits: Any, target_ids: Any, *, entropy: EntropyMode) -> An
     logp = token_logprobs(logits, target_ids)
     ratio = torch.exp(logp - logp.detach())
     surrogate = torch.minimum(ratio, torch.clamp(ratio, 1.0 - CLIP_EPS, 1.0 + CLIP_EPS))
-    ref_logp = logp.detach() - 0.01  # stand-in reference log-probs: [B, k] like the real ones; values do not change memory
+    ref_logp = (
+        logp.detach() - 0.01
+    )  # stand-in reference log-probs: [B, k] like the real ones; values do not change memory
     kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1.0
     loss = (kl - surrogate).mean()
     if entropy == "metric":
@@ -141,7 +160,7 @@ def _micro_batch(vocab_size: int, seqs: int, seq_len: int, scored: int, packed: 
 
     if not packed:
         input_ids = torch.randint(0, vocab_size, (seqs, seq_len))
-        return {"input_ids": input_ids, "logits_to_keep": scored}, input_ids[:, seq_len - scored:]
+        return {"input_ids": input_ids, "logits_to_keep": scored}, input_ids[:, seq_len - scored :]
     tokens = seqs * seq_len
     input_ids = torch.randint(0, vocab_size, (1, tokens))
     position_ids = (torch.arange(tokens) % seq_len).unsqueeze(0)
@@ -248,7 +267,9 @@ def trace_update_step(
             if k == "step" and isinstance(v, torch.Tensor)
         )
     fb_total, opt_total = sum(fwd_bwd.values()), sum(opt_step.values())
-    peak_at: Literal["forward_backward", "optimizer_step"] = "forward_backward" if fb_total >= opt_total else "optimizer_step"
+    peak_at: Literal["forward_backward", "optimizer_step"] = (
+        "forward_backward" if fb_total >= opt_total else "optimizer_step"
+    )
     return TracedMemory(
         model_name=model_spec.name,
         num_params=num_params,
@@ -329,8 +350,12 @@ class TracedComparison(Frozen):
     cluster_label: str
     tokens_per_micro_batch: int = Field(ge=1, description="Tokens one rank processes per micro-batch (T).")
     rows: tuple[ComparisonRow, ...]
-    not_traced: dict[str, int] = Field(description="Analytic update items outside the trace (reference shard, vLLM leftovers, overheads).")
-    analytic_traceable_bytes: int = Field(ge=0, description="Sum of the analytic rows (the update phase minus not_traced).")
+    not_traced: dict[str, int] = Field(
+        description="Analytic update items outside the trace (reference shard, vLLM leftovers, overheads)."
+    )
+    analytic_traceable_bytes: int = Field(
+        ge=0, description="Sum of the analytic rows (the update phase minus not_traced)."
+    )
     traced: TracedMemory
 
     @property
@@ -357,7 +382,9 @@ def _unsupported(cluster: Any, knobs: Any, target: str) -> list[str]:
     return problems
 
 
-def compare_with_analytic(spec: ModelSpec, cluster: Any, workload: Any, knobs: Any, *, target: str = "grpo-pilot") -> TracedComparison:
+def compare_with_analytic(
+    spec: ModelSpec, cluster: Any, workload: Any, knobs: Any, *, target: str = "grpo-pilot"
+) -> TracedComparison:
     """Trace the update micro-batch the plan implies and set it beside `estimate_memory(...)["update"]`.
 
     The micro-batch is what our engine's actor builds under SDPA: `min(micro, sequences per rank)`
@@ -373,7 +400,10 @@ def compare_with_analytic(spec: ModelSpec, cluster: Any, workload: Any, knobs: A
 
     problems = _unsupported(cluster, knobs, target)
     if problems:
-        raise InputError(f"The traced cross-check does not cover {', '.join(problems)}.", "Compare a GPU cluster with target 'grpo-pilot', no offload, no Ulysses and fused_logprob=False.")
+        raise InputError(
+            f"The traced cross-check does not cover {', '.join(problems)}.",
+            "Compare a GPU cluster with target 'grpo-pilot', no offload, no Ulysses and fused_logprob=False.",
+        )
     layout = layout_for(cluster.num_nodes, cluster.gpus_per_node, knobs.placement, knobs.split_rollout_gpus_per_node)
     seq = workload.seq_len_tokens
     mini_seqs = sequences_per_sp_group(workload.mini_batch_prompts * workload.n, layout.trainer_gpus, 1)
@@ -385,9 +415,15 @@ def compare_with_analytic(spec: ModelSpec, cluster: Any, workload: Any, knobs: A
         seqs = min(knobs.micro_batch_size_per_gpu or 1, mini_seqs)
     micro_batches = min(2, -(-mini_seqs // seqs))
     traced = trace_update_step(
-        spec, world_size=layout.trainer_gpus, micro_batch_seqs=seqs, seq_len_tokens=seq,
-        gradient_checkpointing=knobs.gradient_checkpointing, entropy="loss" if workload.entropy_coeff > 0 else "metric",
-        micro_batches_per_step=micro_batches, scored_positions_per_seq=workload.response_len_tokens, packed=False,
+        spec,
+        world_size=layout.trainer_gpus,
+        micro_batch_seqs=seqs,
+        seq_len_tokens=seq,
+        gradient_checkpointing=knobs.gradient_checkpointing,
+        entropy="loss" if workload.entropy_coeff > 0 else "metric",
+        micro_batches_per_step=micro_batches,
+        scored_positions_per_seq=workload.response_len_tokens,
+        packed=False,
     )
     items = estimate_memory(spec, cluster, workload, knobs, target=target).phases["update"].items  # type: ignore[arg-type]
     not_traced = {k: v for k, v in items.items() if k in NOT_TRACED or k.startswith(NOT_TRACED_PREFIXES)}
@@ -398,8 +434,15 @@ def compare_with_analytic(spec: ModelSpec, cluster: Any, workload: Any, knobs: A
             analytic[row] = analytic.get(row, 0) + value
     traced_rows = _traced_rows(traced)
     names = list(traced_rows) + [r for r in analytic if r not in traced_rows]
-    rows = tuple(ComparisonRow(row=r, analytic_bytes=analytic.get(r, 0), traced_bytes=traced_rows.get(r, 0)) for r in names)
+    rows = tuple(
+        ComparisonRow(row=r, analytic_bytes=analytic.get(r, 0), traced_bytes=traced_rows.get(r, 0)) for r in names
+    )
     return TracedComparison(
-        model_name=spec.name, cluster_label=cluster.label(), tokens_per_micro_batch=seqs * seq, rows=rows,
-        not_traced=not_traced, analytic_traceable_bytes=sum(analytic.values()), traced=traced,
+        model_name=spec.name,
+        cluster_label=cluster.label(),
+        tokens_per_micro_batch=seqs * seq,
+        rows=rows,
+        not_traced=not_traced,
+        analytic_traceable_bytes=sum(analytic.values()),
+        traced=traced,
     )

@@ -84,7 +84,13 @@ def resolve_model(name: str) -> ResolvedModel:
     path = Path(name).expanduser()
     if path.exists():
         cfg, display = load_hf_config(path)
-        return ResolvedModel(requested=name, resolved=str(path), hub_id=None, published_params=None, spec=spec_from_hf_config(cfg, display))
+        return ResolvedModel(
+            requested=name,
+            resolved=str(path),
+            hub_id=None,
+            published_params=None,
+            spec=spec_from_hf_config(cfg, display),
+        )
     key = _normalise(name)
     canonical = SHORT_ALIASES.get(key, key)
     if canonical not in bundled_names():
@@ -95,4 +101,10 @@ def resolve_model(name: str) -> ResolvedModel:
             f"{suggestion}Use a bundled alias (`grpo-plan --list-models`) or a path to an HF model directory or config.json.",
         )
     cfg, spec = _load_bundled(canonical)
-    return ResolvedModel(requested=name, resolved=canonical, hub_id=cfg.get("_name_or_path"), published_params=cfg.get("_published_params"), spec=spec)
+    return ResolvedModel(
+        requested=name,
+        resolved=canonical,
+        hub_id=cfg.get("_name_or_path"),
+        published_params=cfg.get("_published_params"),
+        spec=spec,
+    )

@@ -37,7 +37,9 @@ class ModelSpec(Frozen):
     num_experts: int = Field(default=0, ge=0, description="Routed experts per MoE layer (0 = dense).")
     num_experts_per_tok: int = Field(default=0, ge=0, description="Experts activated per token.")
     moe_intermediate_size: int = Field(default=0, ge=0, description="Width of one routed expert's MLP.")
-    shared_expert_intermediate_size: int = Field(default=0, ge=0, description="Width of the shared expert MLP (Qwen2-MoE), 0 if none.")
+    shared_expert_intermediate_size: int = Field(
+        default=0, ge=0, description="Width of the shared expert MLP (Qwen2-MoE), 0 if none."
+    )
 
     # ---- derived counts (computed, never stored) ----
     @property
@@ -99,12 +101,7 @@ class ModelSpec(Frozen):
     @property
     def num_params(self) -> int:
         """Exact total: embeddings + layers + final norm + untied lm_head."""
-        return (
-            self.embedding_params
-            + self.num_layers * self.params_per_layer
-            + self.hidden_size
-            + self.lm_head_params
-        )
+        return self.embedding_params + self.num_layers * self.params_per_layer + self.hidden_size + self.lm_head_params
 
     @property
     def num_active_params(self) -> int:
@@ -150,7 +147,9 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
             num_experts=num_experts,
             num_experts_per_tok=int(_first(cfg, "num_experts_per_tok", default=0)) if num_experts else 0,
             moe_intermediate_size=int(_first(cfg, "moe_intermediate_size", default=0)) if num_experts else 0,
-            shared_expert_intermediate_size=int(_first(cfg, "shared_expert_intermediate_size", default=0)) if num_experts else 0,
+            shared_expert_intermediate_size=int(_first(cfg, "shared_expert_intermediate_size", default=0))
+            if num_experts
+            else 0,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(
@@ -164,7 +163,10 @@ def load_hf_config(path: str | Path) -> tuple[dict[str, Any], str]:
     p = Path(path)
     file = p / "config.json" if p.is_dir() else p
     if not file.is_file():
-        raise InputError(f"No config.json at '{path}'.", "Pass a bundled alias (see `grpo-plan --list-models`) or a path to an HF model directory or config.json.")
+        raise InputError(
+            f"No config.json at '{path}'.",
+            "Pass a bundled alias (see `grpo-plan --list-models`) or a path to an HF model directory or config.json.",
+        )
     try:
         cfg = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as exc:

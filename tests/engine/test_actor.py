@@ -31,7 +31,14 @@ def make_samples(seed: int = 0, num: int = 12) -> list[Sample]:
 
 
 def make_actor(knobs: Knobs, *, with_ref: bool = False, seed: int = 0) -> Actor:
-    return Actor(build_model(TINY, seed=seed), device=torch.device("cpu"), knobs=knobs, lr=1e-3, max_grad_norm=1e9, with_ref=with_ref)
+    return Actor(
+        build_model(TINY, seed=seed),
+        device=torch.device("cpu"),
+        knobs=knobs,
+        lr=1e-3,
+        max_grad_norm=1e9,
+        with_ref=with_ref,
+    )
 
 
 def reference_logprobs(model: torch.nn.Module, s: Sample) -> torch.Tensor:
@@ -109,7 +116,14 @@ def layout(request, monkeypatch):
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_logprobs_equal_one_sequence_at_a_time(layout, fused):
-    actor = make_actor(Knobs(max_token_len_per_gpu=40, log_prob_max_token_len_per_gpu=40, fused_logprob=fused, gradient_checkpointing=False))
+    actor = make_actor(
+        Knobs(
+            max_token_len_per_gpu=40,
+            log_prob_max_token_len_per_gpu=40,
+            fused_logprob=fused,
+            gradient_checkpointing=False,
+        )
+    )
     samples = make_samples()
     got = actor.log_probs(samples)
     for s, lp in zip(samples, got):
@@ -152,7 +166,9 @@ def test_gradient_accumulation_is_exact_across_micro_batch_layouts(mode, monkeyp
     adv = torch.linspace(-1.5, 2.0, len(samples))
     loss = LossSettings(loss_agg_mode=mode, loss_scale_len=10)
     one = dict(log_prob_max_token_len_per_gpu=4096, gradient_checkpointing=False)
-    _, g_split, m_split = _update_once(Knobs(max_token_len_per_gpu=4096, **one), samples, adv, loss)  # padded, cut by padding
+    _, g_split, m_split = _update_once(
+        Knobs(max_token_len_per_gpu=4096, **one), samples, adv, loss
+    )  # padded, cut by padding
     _, g_budget, m_budget = _update_once(Knobs(max_token_len_per_gpu=20, **one), samples, adv, loss)
     _, g_fixed, m_fixed = _update_once(Knobs(micro_batch_size_per_gpu=2, **one), samples, adv, loss)
     monkeypatch.setattr(actor_module, "micro_batch_layout", lambda model: "packed")
@@ -191,7 +207,9 @@ def test_fused_and_checkpointed_updates_match_plain():
     adv = torch.linspace(-1.0, 1.0, len(samples))
     loss = LossSettings(loss_agg_mode="seq-mean-token-mean")
     _, _, plain = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, loss)
-    _, _, fused = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False, fused_logprob=True), samples, adv, loss)
+    _, _, fused = _update_once(
+        Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False, fused_logprob=True), samples, adv, loss
+    )
     _, _, ckpt = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=True), samples, adv, loss)
     for m in (fused, ckpt):
         assert m["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
@@ -220,8 +238,12 @@ def test_reference_model_is_frozen_initial_policy_and_kl_appears_after_an_update
 def test_truncated_samples_get_no_gradient_with_mask_truncated():
     samples = [Sample(s.prompt_ids, s.response_ids, truncated=True) for s in make_samples(5)]
     adv = torch.linspace(-1.0, 1.0, len(samples))
-    _, _, masked = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, LossSettings(mask_truncated=True))
-    _, _, kept = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, LossSettings(mask_truncated=False))
+    _, _, masked = _update_once(
+        Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, LossSettings(mask_truncated=True)
+    )
+    _, _, kept = _update_once(
+        Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, LossSettings(mask_truncated=False)
+    )
     assert masked["grad_norm"] == 0.0 and masked["num_tokens"] == 0
     assert kept["grad_norm"] > 0
 

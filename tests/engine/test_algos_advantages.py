@@ -47,7 +47,9 @@ def test_batch_scale_uses_the_std_of_all_rewards_and_group_means():
     adv = compute_advantages(_rewards(), 4, scale="batch", eps=eps)
     batch_std = statistics.stdev(REWARDS)  # sample std over all 12 rewards
     dev = [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0] + SKEWED_DEV
-    torch.testing.assert_close(adv, torch.tensor([d / (batch_std + eps) for d in dev], dtype=torch.float64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        adv, torch.tensor([d / (batch_std + eps) for d in dev], dtype=torch.float64), rtol=0, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])

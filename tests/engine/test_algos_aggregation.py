@@ -116,8 +116,12 @@ def test_trl_loss_type_mapping_names_known_modes():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"mode": "sum"}, {"mode": "token-mean", "global_num_tokens": 0}, {"mode": "seq-mean-token-sum", "global_num_seqs": -2},
-     {"mode": "seq-mean-token-sum-norm", "loss_scale_len": 0}],
+    [
+        {"mode": "sum"},
+        {"mode": "token-mean", "global_num_tokens": 0},
+        {"mode": "seq-mean-token-sum", "global_num_seqs": -2},
+        {"mode": "seq-mean-token-sum-norm", "loss_scale_len": 0},
+    ],
 )
 def test_bad_settings_raise_input_error(kwargs):
     mode = kwargs.pop("mode")

@@ -55,7 +55,9 @@ def test_entropy_closed_forms():
     two = torch.tensor([[0.0, math.log(3.0)]])  # p = [1/4, 3/4]
     assert entropy_from_logits(two).item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), abs=1e-6)
     # temperature → ∞ flattens to uniform
-    assert entropy_from_logits(torch.tensor([[0.0, 5.0, 1.0]]), temperature=1e6).item() == pytest.approx(math.log(3), abs=1e-4)
+    assert entropy_from_logits(torch.tensor([[0.0, 5.0, 1.0]]), temperature=1e6).item() == pytest.approx(
+        math.log(3), abs=1e-4
+    )
 
 
 def _head(num_tokens=7, hidden_size=5, vocab=11, seed=0, dtype=F64):
@@ -77,7 +79,9 @@ def test_chunked_matches_unchunked_values_and_gradients(chunk_tokens, use_entrop
         h = hidden.clone().requires_grad_(True)
         w = weight.clone().requires_grad_(True)
         if chunked:
-            lp, ent = chunked_token_logprobs(h, w, targets, temperature=0.7, chunk_tokens=chunk_tokens, with_entropy=True)
+            lp, ent = chunked_token_logprobs(
+                h, w, targets, temperature=0.7, chunk_tokens=chunk_tokens, with_entropy=True
+            )
         else:
             logits = h @ w.t()
             lp, ent = token_logprobs(logits, targets, temperature=0.7), entropy_from_logits(logits, temperature=0.7)

@@ -85,12 +85,19 @@ def test_dual_clip_caps_negative_advantage_loss():
 
 def test_log_ratio_clamp_bounds_the_ratio():
     logp = _leaf([[30.0]])
-    loss, metrics = policy_loss(logp, torch.tensor([[0.0]], dtype=F64), torch.tensor([-1.0], dtype=F64), torch.ones(1, 1))
+    loss, metrics = policy_loss(
+        logp, torch.tensor([[0.0]], dtype=F64), torch.tensor([-1.0], dtype=F64), torch.ones(1, 1)
+    )
     assert metrics["ratio_max"] == pytest.approx(math.exp(20.0))
     loss.backward()
     assert logp.grad.item() == 0.0  # clamped: no gradient
-    unclamped, metrics = policy_loss(_leaf([[30.0]]), torch.tensor([[0.0]], dtype=F64), torch.tensor([-1.0], dtype=F64),
-                                     torch.ones(1, 1), log_ratio_clamp=None)
+    unclamped, metrics = policy_loss(
+        _leaf([[30.0]]),
+        torch.tensor([[0.0]], dtype=F64),
+        torch.tensor([-1.0], dtype=F64),
+        torch.ones(1, 1),
+        log_ratio_clamp=None,
+    )
     assert metrics["ratio_max"] == pytest.approx(math.exp(30.0))
 
 
@@ -106,8 +113,14 @@ def _gspo_inputs():
 def test_gspo_sequence_ratio_seq_mean_token_mean():
     logp, old = _gspo_inputs()
     s0, s1 = math.exp(0.1), math.exp(0.45)
-    loss, metrics = policy_loss(logp, old, torch.tensor([1.0, -1.0], dtype=F64), MASK,
-                                loss_agg_mode="seq-mean-token-mean", ratio_level="sequence")
+    loss, metrics = policy_loss(
+        logp,
+        old,
+        torch.tensor([1.0, -1.0], dtype=F64),
+        MASK,
+        loss_agg_mode="seq-mean-token-mean",
+        ratio_level="sequence",
+    )
     assert loss.item() == pytest.approx((-s0 + s1) / 2, abs=1e-12)
     loss.backward()
     # ∂s_i/∂logp_t = s_i / |y_i| on valid tokens
@@ -129,8 +142,16 @@ def test_gspo_sequence_ratio_token_mean():
 def test_gspo_clips_the_whole_sequence():
     logp, old = _gspo_inputs()
     # Â = +1 on row 1: s = e^0.45 > 1 + 4e-4 -> clipped, no gradient; row 0 too (e^0.1 > 1.0004)
-    loss, metrics = policy_loss(logp, old, torch.tensor([1.0, 1.0], dtype=F64), MASK, loss_agg_mode="seq-mean-token-mean",
-                                ratio_level="sequence", clip_low=3e-4, clip_high=4e-4)
+    loss, metrics = policy_loss(
+        logp,
+        old,
+        torch.tensor([1.0, 1.0], dtype=F64),
+        MASK,
+        loss_agg_mode="seq-mean-token-mean",
+        ratio_level="sequence",
+        clip_low=3e-4,
+        clip_high=4e-4,
+    )
     assert loss.item() == pytest.approx(-(1 + 4e-4), abs=1e-12)
     loss.backward()
     assert torch.equal(logp.grad, torch.zeros(2, 3, dtype=F64))
@@ -150,8 +171,16 @@ def test_kl_term_added_with_coefficient(kind, value, grad):
     ref = torch.tensor(OLD, dtype=F64) - torch.tensor([[0.3, -0.2, 0.1], [0.4, 0.0, 5.0]], dtype=F64)
     diffs = [[0.3, -0.2, 0.1], [0.4, 0.0]]
     coef = 0.1
-    loss, metrics = policy_loss(logp, logp.detach(), torch.zeros(2, dtype=F64), MASK, loss_agg_mode="seq-mean-token-mean",
-                                ref_logprobs=ref, kl_coef=coef, kl_type=kind)
+    loss, metrics = policy_loss(
+        logp,
+        logp.detach(),
+        torch.zeros(2, dtype=F64),
+        MASK,
+        loss_agg_mode="seq-mean-token-mean",
+        ref_logprobs=ref,
+        kl_coef=coef,
+        kl_type=kind,
+    )
     seq_means = [sum(value(d) for d in row) / len(row) for row in diffs]
     assert loss.item() == pytest.approx(coef * sum(seq_means) / 2, abs=1e-12)  # Â = 0: only the KL term
     assert metrics["kl_loss"] == pytest.approx(sum(seq_means) / 2, abs=1e-12)
@@ -163,7 +192,9 @@ def test_kl_term_added_with_coefficient(kind, value, grad):
 
 def test_kl_metric_without_coefficient_adds_no_loss():
     logp = _leaf(OLD)
-    loss, metrics = policy_loss(logp, logp.detach(), torch.zeros(2, dtype=F64), MASK, ref_logprobs=torch.tensor(OLD, dtype=F64) - 1.0)
+    loss, metrics = policy_loss(
+        logp, logp.detach(), torch.zeros(2, dtype=F64), MASK, ref_logprobs=torch.tensor(OLD, dtype=F64) - 1.0
+    )
     assert loss.item() == 0.0
     assert metrics["kl"] == pytest.approx(math.exp(-1.0) + 1.0 - 1.0)
 
@@ -171,8 +202,15 @@ def test_kl_metric_without_coefficient_adds_no_loss():
 def test_entropy_bonus_is_subtracted_with_the_same_aggregation():
     logp = _leaf(OLD)
     entropy = _leaf([[1.0, 2.0, 3.0], [4.0, 5.0, 60.0]])
-    loss, metrics = policy_loss(logp, logp.detach(), torch.zeros(2, dtype=F64), MASK, loss_agg_mode="seq-mean-token-mean",
-                                entropy=entropy, entropy_coeff=0.01)
+    loss, metrics = policy_loss(
+        logp,
+        logp.detach(),
+        torch.zeros(2, dtype=F64),
+        MASK,
+        loss_agg_mode="seq-mean-token-mean",
+        entropy=entropy,
+        entropy_coeff=0.01,
+    )
     agg = ((1 + 2 + 3) / 3 + (4 + 5) / 2) / 2
     assert loss.item() == pytest.approx(-0.01 * agg, abs=1e-12)
     assert metrics["entropy"] == pytest.approx(15 / 5)
@@ -215,7 +253,9 @@ def test_on_policy_loss_is_minus_aggregated_advantage_and_gradient_is_not_zero(m
 
 def test_on_policy_grpo_loss_of_group_normalised_advantages_is_zero():
     logp_values, _, adv, mask, _, _, _ = _random_batch(seed=3)
-    loss, _ = policy_loss(logp_values.clone().requires_grad_(True), logp_values, adv, mask, loss_agg_mode="seq-mean-token-mean")
+    loss, _ = policy_loss(
+        logp_values.clone().requires_grad_(True), logp_values, adv, mask, loss_agg_mode="seq-mean-token-mean"
+    )
     assert abs(loss.item()) < 1e-12
 
 
@@ -223,8 +263,15 @@ def test_on_policy_grpo_loss_of_group_normalised_advantages_is_zero():
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_micro_batches_with_global_denominators_sum_to_the_whole(mode, level):
     logp_values, old, adv, mask, ref, entropy, lengths = _random_batch(seed=1)
-    kwargs = dict(loss_agg_mode=mode, ratio_level=level, clip_c=3.0, kl_coef=0.05, kl_type="k3",
-                  entropy_coeff=0.01, loss_scale_len=6)
+    kwargs = dict(
+        loss_agg_mode=mode,
+        ratio_level=level,
+        clip_c=3.0,
+        kl_coef=0.05,
+        kl_type="k3",
+        entropy_coeff=0.01,
+        loss_scale_len=6,
+    )
     whole_leaf = logp_values.clone().requires_grad_(True)
     whole, whole_metrics = policy_loss(whole_leaf, old, adv, mask, ref_logprobs=ref, entropy=entropy, **kwargs)
     whole.backward()
@@ -234,9 +281,15 @@ def test_micro_batches_with_global_denominators_sum_to_the_whole(mode, level):
     for rows in (list(range(0, 5)), [5], list(range(6, 12))):
         width = int(lengths[rows].max())
         part, metrics = policy_loss(
-            micro_leaf[rows, :width], old[rows, :width], adv[rows], mask[rows, :width],
-            ref_logprobs=ref[rows, :width], entropy=entropy[rows, :width],
-            global_num_tokens=int(mask.sum()), global_num_seqs=mask.shape[0], **kwargs,
+            micro_leaf[rows, :width],
+            old[rows, :width],
+            adv[rows],
+            mask[rows, :width],
+            ref_logprobs=ref[rows, :width],
+            entropy=entropy[rows, :width],
+            global_num_tokens=int(mask.sum()),
+            global_num_seqs=mask.shape[0],
+            **kwargs,
         )
         part.backward()
         for key in ("loss", "pg_loss", "kl_loss", "entropy_loss"):

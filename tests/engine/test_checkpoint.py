@@ -8,14 +8,27 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_pilot.engine.checkpoint import capture_rng, latest_checkpoint, list_checkpoints, load_checkpoint, restore_rng, save_checkpoint
+from grpo_pilot.engine.checkpoint import (
+    capture_rng,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from grpo_pilot.errors import InputError, RunError
 
 
 def _save(tmp_path, step, **kw):
     model = {"w": torch.full((3,), float(step))}
-    return save_checkpoint(tmp_path, step=step, model_state=model, optimizer_state={"state": {}, "param_groups": []},
-                           state={"config_hash": "abc", "sampler": {"epoch": 0, "position": step}, "metrics_bytes": 10 * step}, **kw)
+    return save_checkpoint(
+        tmp_path,
+        step=step,
+        model_state=model,
+        optimizer_state={"state": {}, "param_groups": []},
+        state={"config_hash": "abc", "sampler": {"epoch": 0, "position": step}, "metrics_bytes": 10 * step},
+        **kw,
+    )
 
 
 def test_save_load_roundtrip_and_pruning(tmp_path):
@@ -71,7 +84,10 @@ def test_config_hash_follows_the_computation_not_execution_details():
     base = RunConfig(dataset="d.jsonl", reward="char_fraction:char=a")
     plan_json = '{"plan": 1}'
     # how a step is executed (threads, CPU memory tracker, shared-prompt forward) does not change it
-    for same in (base.model_copy(update={"share_prompts": False}), base.model_copy(update={"threads": 2, "cpu_memory": "rss"})):
+    for same in (
+        base.model_copy(update={"share_prompts": False}),
+        base.model_copy(update={"threads": 2, "cpu_memory": "rss"}),
+    ):
         assert same.hash(plan_json) == base.hash(plan_json)
     # what a step computes does
     assert base.model_copy(update={"lr": 2e-6}).hash(plan_json) != base.hash(plan_json)

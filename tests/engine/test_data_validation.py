@@ -33,7 +33,10 @@ GOOD = json.dumps({"prompt": "ok", "answer": "1"})
         (json.dumps({"instruction": "i", "output": 3}), "field 'output': expected a string, got number"),
         (json.dumps({"messages": []}), "field 'messages': is an empty list"),
         (json.dumps({"messages": [{"role": "bot", "content": "x"}]}), "field 'messages[0].role': expected one of"),
-        (json.dumps({"messages": [{"role": "user", "content": None}]}), "field 'messages[0].content': expected a string, got null"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": None}]}),
+            "field 'messages[0].content': expected a string, got null",
+        ),
         (json.dumps({"messages": [{"role": "assistant", "content": "x"}]}), "holds only an assistant turn"),
     ],
 )

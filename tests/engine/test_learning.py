@@ -21,8 +21,17 @@ torch.set_num_threads(1)
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_mean_reward_of_last_10_steps_is_clearly_above_first_10(tmp_path, seed):
-    cfg = RunConfig(dataset="examples/tiny/prompts.jsonl", reward="char_fraction:char=a", steps=30, lr=5e-3, seed=seed,
-                    output_dir=str(tmp_path), threads=1, cpu_memory="rss", checkpoint_every=0)
+    cfg = RunConfig(
+        dataset="examples/tiny/prompts.jsonl",
+        reward="char_fraction:char=a",
+        steps=30,
+        lr=5e-3,
+        seed=seed,
+        output_dir=str(tmp_path),
+        threads=1,
+        cpu_memory="rss",
+        checkpoint_every=0,
+    )
     run(load_plan("examples/tiny/plan.json"), cfg, quiet=True)
     rewards = [json.loads(line)["reward_mean"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rewards) == 30

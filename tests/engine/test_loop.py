@@ -23,7 +23,15 @@ def tiny_plan(**workload):
 
 
 def config(tmp_path, **kw) -> RunConfig:
-    base = dict(dataset=PROMPTS, reward="char_fraction:char=a", steps=3, lr=2e-3, output_dir=str(tmp_path / "run"), threads=1, cpu_memory="rss")
+    base = dict(
+        dataset=PROMPTS,
+        reward="char_fraction:char=a",
+        steps=3,
+        lr=2e-3,
+        output_dir=str(tmp_path / "run"),
+        threads=1,
+        cpu_memory="rss",
+    )
     base.update(kw)
     return RunConfig(**base)
 
@@ -72,10 +80,16 @@ def test_minibatches_epochs_and_kl_use_old_and_reference_logprobs(tmp_path):
 def test_dapo_dynamic_sampling_drops_and_refills_groups(tmp_path):
     fn = tmp_path / "reward_fn.py"
     # prompts of even length always score 0.5 (zero-variance group: dropped); odd ones score the 'a' fraction
-    fn.write_text("def score(completion, record):\n"
-                  "    if len(record.prompt) % 2 == 0:\n        return 0.5\n"
-                  "    return completion.count('a') / max(1, len(completion))\n")
-    run(tiny_plan(), config(tmp_path, steps=2, reward=f"{fn}:score", dynamic_sampling=True, max_refill_rounds=3), quiet=True)
+    fn.write_text(
+        "def score(completion, record):\n"
+        "    if len(record.prompt) % 2 == 0:\n        return 0.5\n"
+        "    return completion.count('a') / max(1, len(completion))\n"
+    )
+    run(
+        tiny_plan(),
+        config(tmp_path, steps=2, reward=f"{fn}:score", dynamic_sampling=True, max_refill_rounds=3),
+        quiet=True,
+    )
     per_step = load_plan(PLAN).workload.prompts_per_step
     for r in read_metrics(tmp_path):
         assert r["dropped_groups"] > 0 and r["rollout_rounds"] > 1
@@ -84,7 +98,11 @@ def test_dapo_dynamic_sampling_drops_and_refills_groups(tmp_path):
 
 
 def test_every_group_dropped_skips_the_update(tmp_path):
-    run(tiny_plan(), config(tmp_path, steps=1, reward="format:pattern=^NEVER$", dynamic_sampling=True, max_refill_rounds=1), quiet=True)
+    run(
+        tiny_plan(),
+        config(tmp_path, steps=1, reward="format:pattern=^NEVER$", dynamic_sampling=True, max_refill_rounds=1),
+        quiet=True,
+    )
     (r,) = read_metrics(tmp_path)
     assert r["num_groups"] == 0 and r["num_updates"] == 0 and r["rollout_rounds"] == 2 and r["dropped_groups"] == 16
 
@@ -139,4 +157,6 @@ def test_profile_notes_a_plan_that_predicts_a_different_old_logprob_pass(tmp_pat
     verl_plan = tiny_plan().model_copy(update={"target": "verl"})
     verl = run(verl_plan, config(tmp_path / "verl", steps=2), quiet=True).profile.notes
     assert not any(note.startswith("log_prob:") for note in ours)
-    assert any(note.startswith("log_prob: this run skips the old-policy pass") and "target verl" in note for note in verl)
+    assert any(
+        note.startswith("log_prob: this run skips the old-policy pass") and "target verl" in note for note in verl
+    )

@@ -18,7 +18,11 @@ def test_saved_char_tokenizer_loads_as_written(tmp_path):
     assert len(ids) == len(TEXT)  # one token per character, spaces and newline included
     assert loaded(TEXT, add_special_tokens=False)["input_ids"] == ids
     assert loaded.decode(ids) == TEXT
-    assert (loaded.eos_token_id, loaded.pad_token_id, loaded.padding_side) == (tok.eos_token_id, tok.pad_token_id, "left")
+    assert (loaded.eos_token_id, loaded.pad_token_id, loaded.padding_side) == (
+        tok.eos_token_id,
+        tok.pad_token_id,
+        "left",
+    )
     # the weights round-trip too: same logits from the saved directory
     again = build_model(str(directory), seed=1)
     x = torch.tensor([ids[:8]])

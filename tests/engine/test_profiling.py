@@ -48,9 +48,11 @@ def test_repeated_phase_sums_time_and_keeps_largest_peak():
 
 def test_build_profile_medians_skip_warmup_and_compare_with_plan(tmp_path):
     plan = load_plan("examples/tiny/plan.json")
+
     def step(i, update_s, peak):
         phases = {"update": PhaseSample(wall_s=update_s, peak_bytes=peak), "reward": PhaseSample(wall_s=0.01)}
         return (i, phases, update_s * 2, 1000.0)
+
     steps = [step(1, 9.0, 10**9), step(2, 0.1, 100), step(3, 0.3, 300), step(4, 0.2, 200)]
     prof = build_profile(plan, steps, device="cpu", memory_source="live tensor bytes")
     up = prof.phases["update"]

@@ -23,12 +23,28 @@ from grpo_pilot.planner.plan import load_plan
 
 torch.set_num_threads(1)
 STEPS = 8
-SETTINGS = dict(dataset="examples/tiny/prompts.jsonl", reward="char_fraction:char=a", steps=STEPS, lr=5e-3, seed=3, threads=1,
-                cpu_memory="rss", checkpoint_every=2)
+SETTINGS = dict(
+    dataset="examples/tiny/prompts.jsonl",
+    reward="char_fraction:char=a",
+    steps=STEPS,
+    lr=5e-3,
+    seed=3,
+    threads=1,
+    cpu_memory="rss",
+    checkpoint_every=2,
+)
 
 
 def cli(out: Path, *extra: str) -> list[str]:
-    args = [sys.executable, "-c", "from grpo_pilot.cli import run_entry; run_entry()", "examples/tiny/plan.json", "--out", str(out), "-q"]
+    args = [
+        sys.executable,
+        "-c",
+        "from grpo_pilot.cli import run_entry; run_entry()",
+        "examples/tiny/plan.json",
+        "--out",
+        str(out),
+        "-q",
+    ]
     for key, value in SETTINGS.items():
         args += ["--set", f"{key}={value}"]
     return args + list(extra)
@@ -63,4 +79,6 @@ def test_killed_run_resumes_without_losing_or_repeating_data(tmp_path):
     assert [r["prompt_indices"] for r in got] == [r["prompt_indices"] for r in want]
     assert [r["reward_mean"] for r in got] == pytest.approx([r["reward_mean"] for r in want], abs=1e-6)
     assert [r["grad_norm"] for r in got] == pytest.approx([r["grad_norm"] for r in want], rel=1e-4)
-    assert json.loads((killed / "profile.json").read_text())["steps_run"] < STEPS  # only the resumed steps ran in the last process
+    assert (
+        json.loads((killed / "profile.json").read_text())["steps_run"] < STEPS
+    )  # only the resumed steps ran in the last process

@@ -29,8 +29,18 @@ def test_completion_answer_extraction(text: str, expected: str | None) -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("1,000", 1000.0), ("1000.0", 1000.0), ("$1,000.50", 1000.5), ("50%", 50.0), ("3/4", 0.75),
-     (r"\frac{3}{4}", 0.75), (r"-\dfrac{1}{8}", -0.125), (r"\text{12}", 12.0), ("7.", 7.0), ("1e3", 1000.0)],
+    [
+        ("1,000", 1000.0),
+        ("1000.0", 1000.0),
+        ("$1,000.50", 1000.5),
+        ("50%", 50.0),
+        ("3/4", 0.75),
+        (r"\frac{3}{4}", 0.75),
+        (r"-\dfrac{1}{8}", -0.125),
+        (r"\text{12}", 12.0),
+        ("7.", 7.0),
+        ("1e3", 1000.0),
+    ],
 )
 def test_parse_number_formats(text: str, value: float) -> None:
     assert parse_number(text) == pytest.approx(value)

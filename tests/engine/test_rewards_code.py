@@ -57,7 +57,9 @@ def test_infinite_loop_times_out_fast_and_keeps_finished_tests() -> None:
 def test_memory_bombs_are_stopped_by_the_address_space_limit() -> None:
     start = time.perf_counter()
     one_shot = run_tests("x = bytearray(8 * 1024**3)", ("assert len(x) > 0",), FAST)
-    growing = run_tests("chunks = []\nwhile True:\n    chunks.append(bytearray(32 * 1024**2))", ("assert chunks",), FAST)
+    growing = run_tests(
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(32 * 1024**2))", ("assert chunks",), FAST
+    )
     for result in (one_shot, growing):
         assert result.status in {"solution_error", "killed", "timeout"} and result.passed == (False,)
     assert time.perf_counter() - start < 2 * FAST.timeout_s + 2.0
@@ -93,7 +95,9 @@ def test_code_cannot_write_outside_its_directory(tmp_path: Path) -> None:
         assert result.isolation.startswith("nobody") and result.passed == (False,) and not target.exists()
     else:
         assert result.isolation == "user"
-    inside = run_tests("open('scratch.txt', 'w').write('ok')\nok = open('scratch.txt').read()", ("assert ok == 'ok'",), FAST)
+    inside = run_tests(
+        "open('scratch.txt', 'w').write('ok')\nok = open('scratch.txt').read()", ("assert ok == 'ok'",), FAST
+    )
     assert inside.passed == (True,)
 
 

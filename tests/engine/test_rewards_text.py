@@ -40,7 +40,15 @@ def test_char_fraction() -> None:
 
 def test_overlong_follows_dapo_equation_13() -> None:
     # L_max = 20, L_cache = 4: 0 up to 16, linear to -1 at 20, -1 beyond.
-    assert [overlong_penalty(n, 20, 4) for n in (0, 16, 17, 18, 20, 21, 100)] == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0]
+    assert [overlong_penalty(n, 20, 4) for n in (0, 16, 17, 18, 20, 21, 100)] == [
+        0.0,
+        0.0,
+        -0.25,
+        -0.5,
+        -1.0,
+        -1.0,
+        -1.0,
+    ]
     assert score("overlong:max_len=20;cache_len=4;unit=chars", ["x" * 10, "x" * 18, "x" * 30]) == (0.0, -0.5, -1.0)
 
 

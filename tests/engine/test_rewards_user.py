@@ -51,7 +51,11 @@ def test_batched_detection() -> None:
 
     single.batched = False  # an explicit attribute wins over the signature
     assert [is_batched(f) for f in (by_name, by_annotation, by_string_annotation, single, marked)] == [
-        True, True, True, False, True,
+        True,
+        True,
+        True,
+        False,
+        True,
     ]
 
 
@@ -64,7 +68,10 @@ def write_module(tmp_path: Path, body: str, name: str = "user_reward") -> str:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("def f(completion, record):\n    return 1 / 0\n", "raised ZeroDivisionError: division by zero on the completion for prompt line 1"),
+        (
+            "def f(completion, record):\n    return 1 / 0\n",
+            "raised ZeroDivisionError: division by zero on the completion for prompt line 1",
+        ),
         ("def f(completion, record):\n    return 'high'\n", "returned 'high' for completion 0"),
         ("def f(completion, record):\n    return float('nan')\n", "returned nan for completion 0"),
         ("def f(completions, records):\n    return [1.0]\n", "returned 1 scores for 2 completions"),

@@ -57,7 +57,9 @@ def test_stop_string_kept_and_first_one_wins() -> None:
 
 def test_stop_string_after_eos_is_ignored() -> None:
     raw = ids("ab") + [EOS] + ids("STOP")
-    gen = finish_completion(raw, eos_ids=(EOS,), sampling=SamplingConfig(max_new_tokens=20, stop=("STOP",)), decode=DECODE)
+    gen = finish_completion(
+        raw, eos_ids=(EOS,), sampling=SamplingConfig(max_new_tokens=20, stop=("STOP",)), decode=DECODE
+    )
     assert gen.token_ids == (*ids("ab"), EOS)
 
 
@@ -120,13 +122,19 @@ def test_engine_env_rounds_kv_cache_up_to_whole_gib() -> None:
 
 
 def test_stale_reports_ignore_parameter_free_layers() -> None:
-    msgs = ["RotaryEmbedding: Failed to load weights", "ParallelLMHead: Failed to load weights", "Following weights were not loaded from checkpoint: {'x'}"]
+    msgs = [
+        "RotaryEmbedding: Failed to load weights",
+        "ParallelLMHead: Failed to load weights",
+        "Following weights were not loaded from checkpoint: {'x'}",
+    ]
     assert stale_reports(msgs, frozenset({"ParallelLMHead", "QKVParallelLinear"})) == msgs[1:]
 
 
 def test_kv_bytes_per_token_formula() -> None:
     # Qwen2.5-7B shape: 28 layers, 4 KV heads of dim 128 -> 2*28*4*128*2 = 57,344 bytes/token in bf16.
-    cfg = SimpleNamespace(num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, hidden_size=3584, head_dim=None)
+    cfg = SimpleNamespace(
+        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, hidden_size=3584, head_dim=None
+    )
     assert kv_bytes_per_token(cfg, 2) == 57_344
     mha = SimpleNamespace(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=None, hidden_size=128)
     assert kv_bytes_per_token(mha, 4) == 2 * 2 * 2 * 64 * 4

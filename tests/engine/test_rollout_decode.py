@@ -29,13 +29,17 @@ def test_sampling_follows_softmax_temperature_and_top_p() -> None:
     torch.testing.assert_close(draws(logits), torch.tensor(p + [0.0]), atol=tol, rtol=0)
     # temperature 2: p^(1/2), renormalised
     hot = torch.tensor(p).sqrt()
-    torch.testing.assert_close(draws(logits, temperature=2.0), torch.cat([hot / hot.sum(), torch.zeros(1)]), atol=tol, rtol=0)
+    torch.testing.assert_close(
+        draws(logits, temperature=2.0), torch.cat([hot / hot.sum(), torch.zeros(1)]), atol=tol, rtol=0
+    )
     # top-p 0.7: kept while the mass before a token is < 0.7 -> {0.5, 0.3}, renormalised (transformers' TopPLogitsWarper rule)
     torch.testing.assert_close(draws(logits, top_p=0.7), torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=tol, rtol=0)
     # top-p 0.5: the mass before token 1 is exactly 0.5 -> only the most likely token remains
     assert draws(logits, top_p=0.5).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
     # greedy, and a one-hot row always gives its token
-    assert sample_next(torch.tensor([logits, [0.0, 9.0, 1.0, 0.0, 0.0]]), temperature=0.0, top_p=1.0, generator=None).tolist() == [0, 1]
+    assert sample_next(
+        torch.tensor([logits, [0.0, 9.0, 1.0, 0.0, 0.0]]), temperature=0.0, top_p=1.0, generator=None
+    ).tolist() == [0, 1]
     assert draws([-math.inf, -math.inf, 3.0], rows=500).tolist() == [0.0, 0.0, 1.0]
     # the caller's generator decides: same seed, same draws
     assert torch.equal(draws(logits, rows=64, seed=3), draws(logits, rows=64, seed=3))
@@ -56,9 +60,13 @@ def reference_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[
     return ids[len(prompt) :]
 
 
-def greedy(model: torch.nn.Module, prompts: list[list[int]], n: int = 6, eos: tuple[int, ...] = (1,)) -> list[list[int]]:
+def greedy(
+    model: torch.nn.Module, prompts: list[list[int]], n: int = 6, eos: tuple[int, ...] = (1,)
+) -> list[list[int]]:
     with torch.no_grad():
-        return decode_batch(model, prompts, max_new_tokens=n, eos_ids=eos, pad_id=0, temperature=0.0, top_p=1.0, generator=None)
+        return decode_batch(
+            model, prompts, max_new_tokens=n, eos_ids=eos, pad_id=0, temperature=0.0, top_p=1.0, generator=None
+        )
 
 
 def step_vs_transformers(model: torch.nn.Module, *, atol: float, rtol: float) -> LlamaDecodeStep:
@@ -76,21 +84,35 @@ def step_vs_transformers(model: torch.nn.Module, *, atol: float, rtol: float) ->
     with torch.no_grad():
         caches = [DynamicCache(config=model.config) for _ in range(2)]
         for cache in caches:
-            model(input_ids=ids, attention_mask=real.long(), position_ids=positions, past_key_values=cache, use_cache=True)
+            model(
+                input_ids=ids, attention_mask=real.long(), position_ids=positions, past_key_values=cache, use_cache=True
+            )
         step = LlamaDecodeStep(model, caches[0], rows, key_mask)
         token, last = torch.tensor([3, 4, 5, 6, 7]), positions[:, -1:]
         for t in range(1, 4):
             last = last + 1
             ours = step(token, last)
-            theirs = model(input_ids=token[:, None], attention_mask=key_mask[:, : ids.shape[1] + t].long(), position_ids=last,
-                           past_key_values=caches[1], use_cache=True).logits[:, -1]
+            theirs = model(
+                input_ids=token[:, None],
+                attention_mask=key_mask[:, : ids.shape[1] + t].long(),
+                position_ids=last,
+                past_key_values=caches[1],
+                use_cache=True,
+            ).logits[:, -1]
             torch.testing.assert_close(ours, theirs, atol=atol, rtol=rtol)
             token = theirs.argmax(-1)
     return step
 
 
-@pytest.mark.parametrize(("model_type", "extra"), [("qwen2", {}), ("qwen3", {}), ("llama", {"attention_bias": True, "mlp_bias": True}),
-                                                   ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}})])
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        ("qwen2", {}),
+        ("qwen3", {}),
+        ("llama", {"attention_bias": True, "mlp_bias": True}),
+        ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
+    ],
+)
 def test_llama_family_step_matches_the_transformers_forward(model_type: str, extra: dict) -> None:
     # fp32: the lean variant (hand-written GQA attention on an additive mask, fused residual matmuls);
     # the last case's RoPE is not "default", so cos/sin come from rotary_emb every step
@@ -109,9 +131,13 @@ def test_bf16_and_autocast_use_the_modules_variant_and_match_transformers(model_
     assert not step.lean
 
 
-def test_unsupported_models_are_named_and_decode_the_same_through_their_own_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unsupported_models_are_named_and_decode_the_same_through_their_own_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert "eager" in str(unsupported_reason(tiny("qwen2", attn="eager")))
-    assert "sliding" in str(unsupported_reason(tiny("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0)))
+    assert "sliding" in str(
+        unsupported_reason(tiny("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0))
+    )
     assert "gpt2" in str(unsupported_reason(_gpt2()))
     model = tiny("qwen2")
     fast = greedy(model, PROMPTS)
@@ -153,8 +179,17 @@ def test_the_compaction_rule_and_its_bounds() -> None:
     assert not should(0, 4, 1e-9) and not should(7, 8, None) and should(8, 8, 1.0) and not should(7, 8, 1.0)
     for bad in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="compact_fraction"):
-            decode_batch(tiny("qwen2"), PROMPTS, max_new_tokens=2, eos_ids=(1,), pad_id=0, temperature=0.0, top_p=1.0, generator=None,
-                         compact_fraction=bad)
+            decode_batch(
+                tiny("qwen2"),
+                PROMPTS,
+                max_new_tokens=2,
+                eos_ids=(1,),
+                pad_id=0,
+                temperature=0.0,
+                top_p=1.0,
+                generator=None,
+                compact_fraction=bad,
+            )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -172,7 +207,9 @@ def test_keep_rows_shrinks_the_step_and_leaves_the_kept_rows_logits_unchanged(dt
     with torch.no_grad():
         for _ in range(2):
             cache = DynamicCache(config=model.config)
-            model(input_ids=ids, attention_mask=real.long(), position_ids=positions, past_key_values=cache, use_cache=True)
+            model(
+                input_ids=ids, attention_mask=real.long(), position_ids=positions, past_key_values=cache, use_cache=True
+            )
             steps.append(LlamaDecodeStep(model, cache, torch.arange(len(PROMPTS)), key_mask))
         full, kept = steps
         assert full.lean == (dtype == torch.float32)
@@ -180,7 +217,11 @@ def test_keep_rows_shrinks_the_step_and_leaves_the_kept_rows_logits_unchanged(dt
         torch.testing.assert_close(full(token, last), kept(token, last), atol=0, rtol=0)
         rows = torch.tensor([3, 0, 1])  # rows 2 and 4 finished; the kept ones in a new order
         kept.keep_rows(rows)
-        assert kept.num_rows == 3 and all(k.shape[0] == 3 for k in kept.keys + kept.values) and kept.mask.shape[0] == 3 * (2 if full.lean else 1)
+        assert (
+            kept.num_rows == 3
+            and all(k.shape[0] == 3 for k in kept.keys + kept.values)
+            and kept.mask.shape[0] == 3 * (2 if full.lean else 1)
+        )
         for _ in range(3):  # the kept rows decode exactly as inside the full batch (0 and 1 have left padding, 3 none)
             last = last + 1
             ours = full(token, last)
@@ -193,17 +234,31 @@ def decode_batch_sizes(model: torch.nn.Module, fast: bool, monkeypatch: pytest.M
     sizes: list[int] = []
     if fast:
         original = LlamaDecodeStep.__call__
-        monkeypatch.setattr(LlamaDecodeStep, "__call__", lambda self, tokens, positions: (sizes.append(len(tokens)), original(self, tokens, positions))[1])
+        monkeypatch.setattr(
+            LlamaDecodeStep,
+            "__call__",
+            lambda self, tokens, positions: (sizes.append(len(tokens)), original(self, tokens, positions))[1],
+        )
     else:
-        monkeypatch.setattr(decode_module, "unsupported_reason", lambda m: "forced")  # transformers' forward + DynamicCache
-        model.register_forward_pre_hook(lambda mod, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]) if kwargs["input_ids"].shape[1] == 1 else None,
-                                        with_kwargs=True)
+        monkeypatch.setattr(
+            decode_module, "unsupported_reason", lambda m: "forced"
+        )  # transformers' forward + DynamicCache
+        model.register_forward_pre_hook(
+            lambda mod, args, kwargs: (
+                sizes.append(kwargs["input_ids"].shape[0]) if kwargs["input_ids"].shape[1] == 1 else None
+            ),
+            with_kwargs=True,
+        )
     return sizes
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["llama_step", "generic"])
-@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (1.0, 1.0), (1.0, 0.8)], ids=["greedy", "t1", "t1_top_p"])
-def test_compaction_on_and_off_give_identical_completions(fast: bool, temperature: float, top_p: float, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("temperature", "top_p"), [(0.0, 1.0), (1.0, 1.0), (1.0, 0.8)], ids=["greedy", "t1", "t1_top_p"]
+)
+def test_compaction_on_and_off_give_identical_completions(
+    fast: bool, temperature: float, top_p: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch.set_num_threads(1)
     model = tiny("qwen2")
     sizes = decode_batch_sizes(model, fast, monkeypatch)
@@ -218,8 +273,19 @@ def test_compaction_on_and_off_give_identical_completions(fast: bool, temperatur
         sizes.clear()
         g = torch.Generator().manual_seed(11)
         with torch.inference_mode():
-            return decode_batch(model, prompts, max_new_tokens=20, eos_ids=eos, pad_id=0, temperature=temperature, top_p=top_p, generator=g,
-                                stop=stop, stop_window=2, compact_fraction=compact)
+            return decode_batch(
+                model,
+                prompts,
+                max_new_tokens=20,
+                eos_ids=eos,
+                pad_id=0,
+                temperature=temperature,
+                top_p=top_p,
+                generator=g,
+                stop=stop,
+                stop_window=2,
+                compact_fraction=compact,
+            )
 
     off = run(None)
     assert sizes and set(sizes) == {len(prompts)}  # never compacted: every forward over all 14 rows
@@ -232,6 +298,13 @@ def test_compaction_on_and_off_give_identical_completions(fast: bool, temperatur
         assert shrunk == sorted(shrunk, reverse=True) and shrunk[-1] < len(prompts)
     assert len(set(sizes)) >= len(set(default_sizes)) >= (3 if temperature else 2)
     # long-tailed, ended both ways: rows stop at their first EOS or stop hit, the longest ran to the loop's end, the rest padded
-    ends = [next(((i + 1, t in eos) for i, t in enumerate(r) if t in eos or (i and (r[i - 1] + t) % 13 == 0)), (len(r), None)) for r in off]
-    assert max(n for n, _ in ends) == len(off[0]) > min(n for n, _ in ends) and {True, False} <= {by_eos for _, by_eos in ends}
+    ends = [
+        next(
+            ((i + 1, t in eos) for i, t in enumerate(r) if t in eos or (i and (r[i - 1] + t) % 13 == 0)), (len(r), None)
+        )
+        for r in off
+    ]
+    assert max(n for n, _ in ends) == len(off[0]) > min(n for n, _ in ends) and {True, False} <= {
+        by_eos for _, by_eos in ends
+    }
     assert all(r[n:] == [0] * (len(r) - n) for r, (n, _) in zip(off, ends))

@@ -23,9 +23,19 @@ def tiny_qwen2(seed: int = 0) -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
-        vocab_size=len(TOK), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=256, tie_word_embeddings=True,
-        initializer_range=0.1, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id, bos_token_id=None,
+        vocab_size=len(TOK),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        initializer_range=0.1,
+        eos_token_id=TOK.eos_token_id,
+        pad_token_id=TOK.pad_token_id,
+        bos_token_id=None,
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(cfg).eval()
@@ -80,7 +90,9 @@ def test_kv_budget_caps_rows_without_changing_outputs(model: torch.nn.Module, pr
     capped = HFRollout(model, TOK, max_model_len=64, kv_cache_bytes=2 * per_seq + 1)
     assert capped.rows_per_chunk(seq, torch.device("cpu")) == 2
     free = HFRollout(model, TOK, max_model_len=64)
-    assert [g.token_ids for g in capped.generate(prompts, GREEDY)] == [g.token_ids for g in free.generate(prompts, GREEDY)]
+    assert [g.token_ids for g in capped.generate(prompts, GREEDY)] == [
+        g.token_ids for g in free.generate(prompts, GREEDY)
+    ]
 
 
 def test_stop_string_cuts_a_real_completion(model: torch.nn.Module, prompts: list[list[int]]) -> None:
@@ -172,8 +184,15 @@ def test_factory_protocol_and_errors(model: torch.nn.Module, prompts: list[list[
         build_rollout("sglang", model, TOK, max_model_len=32, gpu_memory_utilization=0.5)  # type: ignore[arg-type]
 
 
-def test_vllm_backend_errors_without_starting_an_engine(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL"):
+def test_vllm_backend_errors_without_starting_an_engine(
+    model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in (
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_LOGGING_LEVEL",
+    ):
         monkeypatch.delenv(key, raising=False)  # restored after the test
     with pytest.raises(InputError, match="tensor_parallel_size=1; got 2"):
         build_rollout("vllm", model, TOK, max_model_len=32, gpu_memory_utilization=0.5, tensor_parallel_size=2)

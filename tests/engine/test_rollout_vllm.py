@@ -39,17 +39,36 @@ def tiny_qwen2(*, tie: bool, seed: int = 0) -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
-        vocab_size=len(TOK), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=MAX_MODEL_LEN, tie_word_embeddings=tie,
-        initializer_range=0.1, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id, bos_token_id=None,
+        vocab_size=len(TOK),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=MAX_MODEL_LEN,
+        tie_word_embeddings=tie,
+        initializer_range=0.1,
+        eos_token_id=TOK.eos_token_id,
+        pad_token_id=TOK.pad_token_id,
+        bos_token_id=None,
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(cfg).eval()
 
 
 def start(model: torch.nn.Module, workdir: Path) -> RolloutBackend:
-    return build_rollout("vllm", model, TOK, max_model_len=MAX_MODEL_LEN, gpu_memory_utilization=0.5,
-                         max_num_seqs=64, kv_cache_bytes=1 << 30, seed=0, workdir=workdir)
+    return build_rollout(
+        "vllm",
+        model,
+        TOK,
+        max_model_len=MAX_MODEL_LEN,
+        gpu_memory_utilization=0.5,
+        max_num_seqs=64,
+        kv_cache_bytes=1 << 30,
+        seed=0,
+        workdir=workdir,
+    )
 
 
 def ids_of(gens: list) -> list[tuple[int, ...]]:
@@ -87,7 +106,9 @@ def engine(policy: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory) ->
     random.seed(99)
     expected = {"torch": torch.rand(2), "numpy": np.random.rand(2), "python": random.random()}
     state = {
-        "rng_untouched": torch.equal(after["torch"], expected["torch"]) and np.array_equal(after["numpy"], expected["numpy"]) and after["python"] == expected["python"],
+        "rng_untouched": torch.equal(after["torch"], expected["torch"])
+        and np.array_equal(after["numpy"], expected["numpy"])
+        and after["python"] == expected["python"],
         "set_num_threads_restored": torch.set_num_threads is set_num_threads,
         "num_threads": torch.get_num_threads(),
     }
@@ -102,14 +123,18 @@ def test_engine_start_leaves_the_process_as_it_was(engine: tuple[RolloutBackend,
     assert state == {"rng_untouched": True, "set_num_threads_restored": True, "num_threads": 1}
 
 
-def test_greedy_matches_hf_for_the_same_weights(engine: tuple[RolloutBackend, dict], hf: HFRollout, prompts: list[list[int]]) -> None:
+def test_greedy_matches_hf_for_the_same_weights(
+    engine: tuple[RolloutBackend, dict], hf: HFRollout, prompts: list[list[int]]
+) -> None:
     backend, _ = engine
     out = backend.generate(prompts, GREEDY)
     assert ids_of(out) == ids_of(hf.generate(prompts, GREEDY))
     assert [g.finish_reason for g in out] == [g.finish_reason for g in hf.generate(prompts, GREEDY)]
 
 
-def test_weight_sync_proof(engine: tuple[RolloutBackend, dict], hf: HFRollout, policy: torch.nn.Module, prompts: list[list[int]]) -> None:
+def test_weight_sync_proof(
+    engine: tuple[RolloutBackend, dict], hf: HFRollout, policy: torch.nn.Module, prompts: list[list[int]]
+) -> None:
     """After an optimizer step + sync_weights, vLLM's greedy outputs change and equal HF's new ones."""
     backend, _ = engine
     before = ids_of(backend.generate(prompts, GREEDY))  # also fills the prefix cache for the long prompt
@@ -134,7 +159,9 @@ def test_weight_sync_proof(engine: tuple[RolloutBackend, dict], hf: HFRollout, p
     assert sum(a != b for a, b in zip(synced, before)) >= len(prompts) // 2
 
 
-def test_stop_strings_and_eos_match_hf(engine: tuple[RolloutBackend, dict], hf: HFRollout, prompts: list[list[int]]) -> None:
+def test_stop_strings_and_eos_match_hf(
+    engine: tuple[RolloutBackend, dict], hf: HFRollout, prompts: list[list[int]]
+) -> None:
     backend, _ = engine
     full = hf.generate(prompts, GREEDY)
     stops = tuple({g.text[3:5] for g in full if len(g.text) >= 5})
@@ -159,7 +186,9 @@ def test_sampling_seeds_groups_and_top_p(engine: tuple[RolloutBackend, dict], pr
         assert g.num_tokens <= 12 and (g.finish_reason == "stop") == (g.token_ids[-1] == TOK.eos_token_id)
 
 
-def test_sleep_and_wake_are_noops_on_cpu(engine: tuple[RolloutBackend, dict], hf: HFRollout, prompts: list[list[int]]) -> None:
+def test_sleep_and_wake_are_noops_on_cpu(
+    engine: tuple[RolloutBackend, dict], hf: HFRollout, prompts: list[list[int]]
+) -> None:
     backend, _ = engine
     assert backend.sleep_supported is False  # vLLM's CPU worker has no sleep mode
     backend.sleep()
@@ -180,7 +209,9 @@ class _Without(torch.nn.Module):
                 yield name, p
 
 
-def test_partial_sync_is_refused(engine: tuple[RolloutBackend, dict], policy: torch.nn.Module, hf: HFRollout, prompts: list[list[int]]) -> None:
+def test_partial_sync_is_refused(
+    engine: tuple[RolloutBackend, dict], policy: torch.nn.Module, hf: HFRollout, prompts: list[list[int]]
+) -> None:
     backend, _ = engine
     with pytest.raises(RunError, match="old weights"):
         backend.sync_weights(_Without(policy, "lm_head.weight"))  # tied: vLLM's lm_head would keep stale weights
@@ -188,7 +219,9 @@ def test_partial_sync_is_refused(engine: tuple[RolloutBackend, dict], policy: to
     assert ids_of(backend.generate(prompts, GREEDY)) == ids_of(hf.generate(prompts, GREEDY))
 
 
-def test_untied_lm_head_syncs_and_close_releases_the_engine(engine: tuple[RolloutBackend, dict], prompts: list[list[int]], tmp_path: Path) -> None:
+def test_untied_lm_head_syncs_and_close_releases_the_engine(
+    engine: tuple[RolloutBackend, dict], prompts: list[list[int]], tmp_path: Path
+) -> None:
     tied, _ = engine
     tied.close()  # one in-process engine at a time (it owns torch.distributed's default group)
     assert not torch.distributed.is_initialized()

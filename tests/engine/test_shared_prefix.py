@@ -32,7 +32,9 @@ def test_prefix_batch_layout_by_hand():
     assert b.prompt_ids.tolist() == [[5, 6, 7], [8, 0, 0]]
     assert b.response_ids.tolist() == [[10, 0], [12, 13], [0, 0]]
     assert b.inverse.tolist() == [0, 1, 0]
-    assert b.positions.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 1, 2, 3, 4]]  # response j of a prompt of p tokens sits at p + j
+    assert b.positions.tolist() == [
+        [0, 1, 2, 0, 1, 2, 3, 4, 1, 2, 3, 4]
+    ]  # response j of a prompt of p tokens sits at p + j
     assert b.computed_positions == 2 * 3 + 3 * 2 and b.real_positions == 4 + (1 + 2 + 0)
     # flat positions: prompt rows 0..5, responses 6 + 2b + j; first token of each sample from its prompt's last position
     assert b.scored.tolist() == [2, 6, 3, 8, 9, 2] and b.targets.tolist() == [10, 11, 12, 13, 14, 15]
@@ -43,14 +45,26 @@ def test_prefix_batch_layout_by_hand():
 
 def _actor(model: torch.nn.Module, *, share: bool, ckpt: bool = False, with_ref: bool = False) -> Actor:
     knobs = Knobs(max_token_len_per_gpu=4096, log_prob_max_token_len_per_gpu=4096, gradient_checkpointing=ckpt)
-    return Actor(model, device=torch.device("cpu"), knobs=knobs, lr=1e-3, max_grad_norm=1e9, share_prompts=share, with_ref=with_ref)
+    return Actor(
+        model,
+        device=torch.device("cpu"),
+        knobs=knobs,
+        lr=1e-3,
+        max_grad_norm=1e9,
+        share_prompts=share,
+        with_ref=with_ref,
+    )
 
 
-def _update_grads(actor: Actor, samples: list[Sample], loss: LossSettings, **kw: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def _update_grads(
+    actor: Actor, samples: list[Sample], loss: LossSettings, **kw: object
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     return update_capturing_grads(actor, samples, torch.linspace(-1.0, 1.5, len(samples)), loss, **kw)
 
 
-@pytest.mark.parametrize(("model_type", "extra"), [("qwen2", {}), ("qwen3", {}), ("llama", {"attention_bias": True, "mlp_bias": True})])
+@pytest.mark.parametrize(
+    ("model_type", "extra"), [("qwen2", {}), ("qwen3", {}), ("llama", {"attention_bias": True, "mlp_bias": True})]
+)
 def test_shared_forward_matches_the_plain_padded_forward(model_type, extra):
     samples = grouped_samples()
     loss = LossSettings(loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01)
@@ -74,8 +88,13 @@ def test_shared_forward_matches_the_plain_padded_forward(model_type, extra):
 
 def test_padding_share_counts_shared_positions():
     samples = grouped_samples(seed=2)
-    actor = Actor(tiny("qwen2"), device=torch.device("cpu"), knobs=Knobs(micro_batch_size_per_gpu=len(samples), gradient_checkpointing=False),
-                  lr=1e-3, share_prompts=True)
+    actor = Actor(
+        tiny("qwen2"),
+        device=torch.device("cpu"),
+        knobs=Knobs(micro_batch_size_per_gpu=len(samples), gradient_checkpointing=False),
+        lr=1e-3,
+        share_prompts=True,
+    )
     m = actor.update(samples, torch.linspace(-1.0, 1.0, len(samples)), LossSettings())
     b = prefix_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], torch.device("cpu"))
     if m["num_micro_batches"] == 1:  # one bin: its padding share is that of the whole layout
@@ -122,7 +141,12 @@ def test_bf16_autocast_gives_transformers_logits(model_type):
     batch = prefix_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], torch.device("cpu"))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ours = model.lm_head(shared_prefix_hidden(model, batch))
-        theirs = torch.cat([model(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits[0, len(s.prompt_ids) - 1 : -1] for s in samples])
+        theirs = torch.cat(
+            [
+                model(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits[0, len(s.prompt_ids) - 1 : -1]
+                for s in samples
+            ]
+        )
     assert ours.dtype == theirs.dtype == torch.bfloat16
     torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
     ours.float().sum().backward()

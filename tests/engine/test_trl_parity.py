@@ -17,7 +17,12 @@ import torch
 pytest.importorskip("trl")
 
 from grpo_pilot.engine import compute_advantages, policy_loss  # noqa: E402
-from grpo_pilot.engine.algos import TRL_LOSS_TYPE_TO_AGG_MODE, chunked_token_logprobs, entropy_from_logits, token_logprobs  # noqa: E402
+from grpo_pilot.engine.algos import (
+    TRL_LOSS_TYPE_TO_AGG_MODE,
+    chunked_token_logprobs,
+    entropy_from_logits,
+    token_logprobs,
+)  # noqa: E402
 
 PROMPT_LEN, COMPLETION_LEN, MAX_COMPLETION_LEN = 3, 6, 8
 COMPLETION_LENGTHS = [6, 3, 5, 1]  # ragged
@@ -33,9 +38,16 @@ def model_dir(tmp_path_factory):
     from grpo_pilot.engine.model_factory import build_char_tokenizer, save_model_dir
 
     tok = build_char_tokenizer()
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     return save_model_dir(Qwen2ForCausalLM(config), tok, tmp_path_factory.mktemp("tiny-qwen2"))
 
@@ -48,16 +60,34 @@ def _trainer(model_dir, loss_type: str, beta: float, **extra):
     from grpo_pilot.engine.model_factory import build_char_tokenizer
 
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)  # ref model loads from the same dir
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32
+    )  # ref model loads from the same dir
     args = GRPOConfig(
-        output_dir=str(model_dir / "trl-out"), bf16=False, report_to=[], use_vllm=False, use_cpu=True,
-        beta=beta, loss_type=loss_type, epsilon=EPS_LOW, epsilon_high=EPS_HIGH, temperature=TEMPERATURE,
-        num_generations=NUM_GENERATIONS, per_device_train_batch_size=4, max_completion_length=MAX_COMPLETION_LEN,
-        use_bias_correction_kl=False, disable_dropout=True, save_strategy="no", **extra,
+        output_dir=str(model_dir / "trl-out"),
+        bf16=False,
+        report_to=[],
+        use_vllm=False,
+        use_cpu=True,
+        beta=beta,
+        loss_type=loss_type,
+        epsilon=EPS_LOW,
+        epsilon_high=EPS_HIGH,
+        temperature=TEMPERATURE,
+        num_generations=NUM_GENERATIONS,
+        per_device_train_batch_size=4,
+        max_completion_length=MAX_COMPLETION_LEN,
+        use_bias_correction_kl=False,
+        disable_dropout=True,
+        save_strategy="no",
+        **extra,
     )
     trainer = GRPOTrainer(
-        model=model, reward_funcs=lambda completions, **kwargs: [0.0] * len(completions), args=args,
-        train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}), processing_class=build_char_tokenizer(),
+        model=model,
+        reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["ab"] * 4}),
+        processing_class=build_char_tokenizer(),
     )
     trainer.current_gradient_accumulation_steps = 1
     trainer.model.train()
@@ -90,13 +120,20 @@ def _our_logprobs(model, prompt_ids, completion_ids, mask, chunked: bool = False
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention = torch.cat([torch.ones_like(prompt_ids), mask], dim=1)
     if chunked:
-        hidden = model.model(input_ids=input_ids, attention_mask=attention).last_hidden_state[:, PROMPT_LEN - 1:-1]
-        flat_lp, flat_h = chunked_token_logprobs(hidden.reshape(-1, hidden.shape[-1]), model.lm_head.weight,
-                                                 completion_ids.reshape(-1), temperature=TEMPERATURE, chunk_tokens=5,
-                                                 with_entropy=True)
+        hidden = model.model(input_ids=input_ids, attention_mask=attention).last_hidden_state[:, PROMPT_LEN - 1 : -1]
+        flat_lp, flat_h = chunked_token_logprobs(
+            hidden.reshape(-1, hidden.shape[-1]),
+            model.lm_head.weight,
+            completion_ids.reshape(-1),
+            temperature=TEMPERATURE,
+            chunk_tokens=5,
+            with_entropy=True,
+        )
         return flat_lp.view_as(completion_ids.float()), flat_h.view_as(completion_ids.float())
-    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, PROMPT_LEN - 1:-1]
-    return token_logprobs(logits, completion_ids, temperature=TEMPERATURE), entropy_from_logits(logits, temperature=TEMPERATURE)
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, PROMPT_LEN - 1 : -1]
+    return token_logprobs(logits, completion_ids, temperature=TEMPERATURE), entropy_from_logits(
+        logits, temperature=TEMPERATURE
+    )
 
 
 def _grads(model) -> dict[str, torch.Tensor]:
@@ -111,8 +148,11 @@ CASES += [
 ]
 
 
-@pytest.mark.parametrize(("loss_type", "beta", "trl_extra", "ours_extra"), CASES,
-                         ids=[f"{c[0]}-beta{c[1]}{'-' + '-'.join(c[3]) if c[3] else ''}" for c in CASES])
+@pytest.mark.parametrize(
+    ("loss_type", "beta", "trl_extra", "ours_extra"),
+    CASES,
+    ids=[f"{c[0]}-beta{c[1]}{'-' + '-'.join(c[3]) if c[3] else ''}" for c in CASES],
+)
 def test_loss_and_gradients_match_trl(model_dir, loss_type, beta, trl_extra, ours_extra):
     trainer = _trainer(model_dir, loss_type, beta, **trl_extra)
     model = trainer.model
@@ -129,12 +169,21 @@ def test_loss_and_gradients_match_trl(model_dir, loss_type, beta, trl_extra, our
     mask = batch["completion_mask"]
     logprobs, entropy = _our_logprobs(model, batch["prompt_ids"], batch["completion_ids"], mask, chunked=chunked)
     loss, metrics = policy_loss(
-        logprobs, batch["old_per_token_logps"], batch["advantages"], mask,
-        loss_agg_mode=TRL_LOSS_TYPE_TO_AGG_MODE[loss_type], clip_low=EPS_LOW, clip_high=EPS_HIGH,
-        ref_logprobs=batch["ref_per_token_logps"] if beta else None, kl_coef=beta, kl_type="k3",
-        entropy=entropy, loss_scale_len=MAX_COMPLETION_LEN if loss_type == "dr_grpo" else None,
+        logprobs,
+        batch["old_per_token_logps"],
+        batch["advantages"],
+        mask,
+        loss_agg_mode=TRL_LOSS_TYPE_TO_AGG_MODE[loss_type],
+        clip_low=EPS_LOW,
+        clip_high=EPS_HIGH,
+        ref_logprobs=batch["ref_per_token_logps"] if beta else None,
+        kl_coef=beta,
+        kl_type="k3",
+        entropy=entropy,
+        loss_scale_len=MAX_COMPLETION_LEN if loss_type == "dr_grpo" else None,
         global_num_tokens=batch["num_items_in_batch"] if loss_type == "dapo" else None,
-        log_ratio_clamp=None, **ours_extra,
+        log_ratio_clamp=None,
+        **ours_extra,
     )
     loss.backward()
     our_grads = _grads(model)

@@ -13,9 +13,20 @@ def tiny(model_type: str, *, attn: str = "sdpa", **extra: object) -> torch.nn.Mo
     """2 layers, hidden 64, 4 query heads over 2 KV heads (GQA), random init with std 0.1 (decisive argmaxes), eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=0.1, tie_word_embeddings=False,
-                               **extra)
+    cfg = AutoConfig.for_model(
+        model_type,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        **extra,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
 

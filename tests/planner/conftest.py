@@ -27,7 +27,14 @@ def cluster(text: str) -> Cluster:
     return parse_cluster(text)
 
 
-def _est(model: str = "qwen2.5-7b", cluster_text: str = "8xA100-80G", *, target: str = "grpo-pilot", workload: Workload | None = None, **knobs) -> MemoryReport:
+def _est(
+    model: str = "qwen2.5-7b",
+    cluster_text: str = "8xA100-80G",
+    *,
+    target: str = "grpo-pilot",
+    workload: Workload | None = None,
+    **knobs,
+) -> MemoryReport:
     """estimate_memory for an alias, a cluster string and knob overrides."""
     return estimate_memory(spec(model), cluster(cluster_text), workload or Workload(), Knobs(**knobs), target=target)
 

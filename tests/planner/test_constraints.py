@@ -93,9 +93,16 @@ def test_split_needs_two_pools() -> None:
 def _report(update_bytes: int, host_bytes: int, kv_tokens: int) -> MemoryReport:
     small = PhaseMemory.of({"actor_params": 10, "overhead_cuda_context": 5})
     return MemoryReport(
-        phases={"rollout": small, "log_prob": small, "update": PhaseMemory.of({"activations": update_bytes - 20, "actor_params": 20}), "weight_sync": small},
+        phases={
+            "rollout": small,
+            "log_prob": small,
+            "update": PhaseMemory.of({"activations": update_bytes - 20, "actor_params": 20}),
+            "weight_sync": small,
+        },
         host=PhaseMemory.of({"optimizer_states_offloaded": host_bytes}),
-        kv_cache_bytes_per_gpu=kv_tokens * 10, kv_cache_tokens_per_gpu=kv_tokens, max_concurrent_seqs=1,
+        kv_cache_bytes_per_gpu=kv_tokens * 10,
+        kv_cache_tokens_per_gpu=kv_tokens,
+        max_concurrent_seqs=1,
     )
 
 
@@ -133,7 +140,9 @@ def test_kv_rule_states_the_budget_shortfall_and_the_utilisation_that_starts_vll
     from grpo_pilot.planner.evaluate import PlanInputs, assess, model_ref
     from grpo_pilot.profiles import resolve_model
 
-    inputs = PlanInputs(model=model_ref(resolve_model("qwen2.5-7b")), cluster=parse_cluster("1xA100-80G"), workload=Workload())
+    inputs = PlanInputs(
+        model=model_ref(resolve_model("qwen2.5-7b")), cluster=parse_cluster("1xA100-80G"), workload=Workload()
+    )
     knobs = Knobs(rollout_tp=1, gpu_memory_utilization=0.1)  # 8 GiB budget < 14.2 GiB of bf16 weights
     kv = next(c for c in assess(inputs, knobs).checks if c.rule == "rollout.kv_cache")
     signed = rollout_kv_budget_bytes(inputs.model.spec, inputs.cluster, inputs.workload, knobs)
@@ -142,5 +151,9 @@ def test_kv_rule_states_the_budget_shortfall_and_the_utilisation_that_starts_vll
     assert f"is {-signed / (1 << 30):.1f} GiB short" in kv.message
     assert f"must exceed {0.1 - signed / total:.2f} for it to start" in kv.message
     # a budget that only lacks KV room for one request gets no shortfall clause
-    roomy = next(c for c in assess(inputs, knobs.model_copy(update={"gpu_memory_utilization": 0.9})).checks if c.rule == "rollout.kv_cache")
+    roomy = next(
+        c
+        for c in assess(inputs, knobs.model_copy(update={"gpu_memory_utilization": 0.9})).checks
+        if c.rule == "rollout.kv_cache"
+    )
     assert roomy.ok and "short of" not in roomy.message

@@ -12,8 +12,14 @@ from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 def test_signature_is_the_agreed_one() -> None:
     sig = inspect.signature(estimate_memory)
     assert list(sig.parameters)[:4] == ["model", "cluster", "workload", "knobs"]
-    assert sig.parameters["target"].kind is inspect.Parameter.KEYWORD_ONLY and sig.parameters["target"].default == "grpo-pilot"
-    assert sig.parameters["overheads"].kind is inspect.Parameter.KEYWORD_ONLY and sig.parameters["overheads"].default is DEFAULT_OVERHEADS
+    assert (
+        sig.parameters["target"].kind is inspect.Parameter.KEYWORD_ONLY
+        and sig.parameters["target"].default == "grpo-pilot"
+    )
+    assert (
+        sig.parameters["overheads"].kind is inspect.Parameter.KEYWORD_ONLY
+        and sig.parameters["overheads"].default is DEFAULT_OVERHEADS
+    )
 
 
 def test_pure_same_inputs_same_report(spec_of, cluster_of) -> None:
@@ -24,7 +30,12 @@ def test_pure_same_inputs_same_report(spec_of, cluster_of) -> None:
 def test_overheads_are_calibratable(spec_of, cluster_of) -> None:
     args = (spec_of("qwen2.5-7b"), cluster_of("8xA100-80G"), Workload(), Knobs())
     base = estimate_memory(*args)
-    custom = Overheads(cuda_context_bytes=1 << 30, fragmentation_factor=1.0, nccl_bytes_per_communicator=0, weight_sync_bucket_bytes=1 << 29)
+    custom = Overheads(
+        cuda_context_bytes=1 << 30,
+        fragmentation_factor=1.0,
+        nccl_bytes_per_communicator=0,
+        weight_sync_bucket_bytes=1 << 29,
+    )
     cal = estimate_memory(*args, overheads=custom)
     upd = cal.phases["update"].items
     assert upd["overhead_cuda_context"] == 1 << 30 and upd["overhead_fragmentation"] == 0 and upd["overhead_nccl"] == 0

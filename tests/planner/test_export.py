@@ -15,28 +15,66 @@ from grpo_pilot.profiles import resolve_model
 
 # reference/verl-config.md "What the tool must emit": the minimum set of a runnable GRPO command.
 VERL_REQUIRED = {
-    "algorithm.adv_estimator", "data.train_files", "data.val_files", "data.train_batch_size", "data.max_prompt_length",
-    "data.max_response_length", "data.filter_overlong_prompts", "data.truncation", "actor_rollout_ref.model.path",
-    "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.model.use_remove_padding",
-    "actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.use_kl_loss",
-    "actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_type", "actor_rollout_ref.actor.entropy_coeff",
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.actor.fsdp_config.param_offload",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload", "actor_rollout_ref.ref.fsdp_config.param_offload",
-    "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.tensor_model_parallel_size",
-    "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.max_num_batched_tokens",
-    "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.rollout.enforce_eager", "actor_rollout_ref.rollout.free_cache_engine",
-    "algorithm.use_kl_in_reward", "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.logger", "trainer.project_name",
-    "trainer.experiment_name", "trainer.total_epochs", "trainer.save_freq", "trainer.test_freq", "trainer.val_before_train",
+    "algorithm.adv_estimator",
+    "data.train_files",
+    "data.val_files",
+    "data.train_batch_size",
+    "data.max_prompt_length",
+    "data.max_response_length",
+    "data.filter_overlong_prompts",
+    "data.truncation",
+    "actor_rollout_ref.model.path",
+    "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.use_kl_loss",
+    "actor_rollout_ref.actor.kl_loss_coef",
+    "actor_rollout_ref.actor.kl_loss_type",
+    "actor_rollout_ref.actor.entropy_coeff",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.actor.fsdp_config.param_offload",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+    "actor_rollout_ref.ref.fsdp_config.param_offload",
+    "actor_rollout_ref.rollout.name",
+    "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.max_num_batched_tokens",
+    "actor_rollout_ref.rollout.max_num_seqs",
+    "actor_rollout_ref.rollout.enforce_eager",
+    "actor_rollout_ref.rollout.free_cache_engine",
+    "algorithm.use_kl_in_reward",
+    "trainer.n_gpus_per_node",
+    "trainer.nnodes",
+    "trainer.logger",
+    "trainer.project_name",
+    "trainer.experiment_name",
+    "trainer.total_epochs",
+    "trainer.save_freq",
+    "trainer.test_freq",
+    "trainer.val_before_train",
 }
 
 
 def plan_for(knobs: Knobs, workload: Workload = Workload(), gpus: str = "2x8xH100", model: str = "qwen-8b"):
-    return evaluate(PlanInputs(model=model_ref(resolve_model(model)), cluster=parse_cluster(gpus), workload=workload), knobs)
+    return evaluate(
+        PlanInputs(model=model_ref(resolve_model(model)), cluster=parse_cluster(gpus), workload=workload), knobs
+    )
 
 
 def test_verl_overrides_map_every_value() -> None:
-    knobs = Knobs(rollout_tp=4, gpu_memory_utilization=0.65, micro_batch_size_per_gpu=8, param_offload=True,
-                  ref_param_offload=True, ulysses_sp=2, fused_logprob=True, enforce_eager=True, log_prob_max_token_len_per_gpu=12288)
+    knobs = Knobs(
+        rollout_tp=4,
+        gpu_memory_utilization=0.65,
+        micro_batch_size_per_gpu=8,
+        param_offload=True,
+        ref_param_offload=True,
+        ulysses_sp=2,
+        fused_logprob=True,
+        enforce_eager=True,
+        log_prob_max_token_len_per_gpu=12288,
+    )
     w = Workload(prompts_per_step=512, mini_batch_prompts=128, n=8, prompt_len_tokens=1024, response_len_tokens=3072)
     o = dict(verl_overrides(plan_for(knobs, w)))
     assert VERL_REQUIRED <= set(o)
@@ -46,20 +84,36 @@ def test_verl_overrides_map_every_value() -> None:
     assert o["actor_rollout_ref.rollout.max_model_len"] == "4096"
     assert o["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "4"
     assert o["actor_rollout_ref.rollout.gpu_memory_utilization"] == "0.65"
-    assert o["actor_rollout_ref.actor.use_dynamic_bsz"] == "False" and o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "8"
+    assert (
+        o["actor_rollout_ref.actor.use_dynamic_bsz"] == "False"
+        and o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "8"
+    )
     assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" not in o
-    assert o["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == o["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"] == "12288"
-    assert o["actor_rollout_ref.actor.fsdp_config.param_offload"] == "True" and o["actor_rollout_ref.actor.fsdp_config.optimizer_offload"] == "False"
+    assert (
+        o["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"]
+        == o["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"]
+        == "12288"
+    )
+    assert (
+        o["actor_rollout_ref.actor.fsdp_config.param_offload"] == "True"
+        and o["actor_rollout_ref.actor.fsdp_config.optimizer_offload"] == "False"
+    )
     assert o["actor_rollout_ref.ref.fsdp_config.param_offload"] == "True"
     assert o["actor_rollout_ref.actor.ulysses_sequence_parallel_size"] == "2"
-    assert o["actor_rollout_ref.model.use_fused_kernels"] == "True" and o["actor_rollout_ref.rollout.enforce_eager"] == "True"
+    assert (
+        o["actor_rollout_ref.model.use_fused_kernels"] == "True"
+        and o["actor_rollout_ref.rollout.enforce_eager"] == "True"
+    )
     assert o["trainer.nnodes"] == "2" and o["trainer.n_gpus_per_node"] == "8"
     assert o["actor_rollout_ref.model.path"] == "Qwen/Qwen3-8B"
 
 
 def test_verl_dynamic_batching_and_no_kl() -> None:
     o = dict(verl_overrides(plan_for(Knobs(max_token_len_per_gpu=6144), Workload(use_kl_loss=False))))
-    assert o["actor_rollout_ref.actor.use_dynamic_bsz"] == "True" and o["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "6144"
+    assert (
+        o["actor_rollout_ref.actor.use_dynamic_bsz"] == "True"
+        and o["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "6144"
+    )
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" not in o
     assert o["actor_rollout_ref.actor.use_kl_loss"] == "False" and o["actor_rollout_ref.actor.kl_loss_coef"] == "0.0"
 
@@ -71,13 +125,15 @@ def test_verl_command_is_one_shell_command() -> None:
     assert all(ln.endswith(" \\") for ln in lines[:-1]) and not lines[-1].endswith("\\")
     words = shlex.split(" ".join(ln.rstrip("\\") for ln in lines))
     assert words[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
-    assert "trainer.logger=[\"console\"]" in words and 'data.train_files=$TRAIN_FILES' in words
+    assert 'trainer.logger=["console"]' in words and "data.train_files=$TRAIN_FILES" in words
     assert dict(w.split("=", 1) for w in words[3:]) == dict(verl_overrides(plan_for(Knobs())))
 
 
 def test_trl_batch_sizes_count_completions() -> None:
     w = Workload(prompts_per_step=512, mini_batch_prompts=128, n=8)
-    settings, notes = trl_settings(plan_for(Knobs(micro_batch_size_per_gpu=4, rollout_tp=2, gpu_memory_utilization=0.4), w))
+    settings, notes = trl_settings(
+        plan_for(Knobs(micro_batch_size_per_gpu=4, rollout_tp=2, gpu_memory_utilization=0.4), w)
+    )
     world = 16
     assert settings["per_device_train_batch_size"] == 4
     assert settings["per_device_train_batch_size"] * world * settings["gradient_accumulation_steps"] == 128 * 8

@@ -58,16 +58,36 @@ def _assert_non_decreasing(series: list[dict[str, int]], label: str) -> None:
 @pytest.mark.parametrize("cl", ["8xA100-80G", "1xcpu"])
 def test_monotone_in_micro_batch_and_token_budgets(target: str, cl: str, est, totals) -> None:
     model = "qwen2.5-0.5b" if cl == "1xcpu" else "qwen2.5-7b"
-    _assert_non_decreasing(_series([1, 2, 4, 8, 16], lambda m: est(model, cl, target=target, micro_batch_size_per_gpu=m), totals), "micro_batch")
-    _assert_non_decreasing(_series([1024, 4096, 8192, 16384, 65536], lambda t: est(model, cl, target=target, max_token_len_per_gpu=t), totals), "max_token_len")
-    _assert_non_decreasing(_series([1024, 4096, 16384, 65536], lambda t: est(model, cl, target=target, log_prob_max_token_len_per_gpu=t), totals), "log_prob_budget")
+    _assert_non_decreasing(
+        _series([1, 2, 4, 8, 16], lambda m: est(model, cl, target=target, micro_batch_size_per_gpu=m), totals),
+        "micro_batch",
+    )
+    _assert_non_decreasing(
+        _series(
+            [1024, 4096, 8192, 16384, 65536], lambda t: est(model, cl, target=target, max_token_len_per_gpu=t), totals
+        ),
+        "max_token_len",
+    )
+    _assert_non_decreasing(
+        _series(
+            [1024, 4096, 16384, 65536],
+            lambda t: est(model, cl, target=target, log_prob_max_token_len_per_gpu=t),
+            totals,
+        ),
+        "log_prob_budget",
+    )
     # the first micro-batch sizes must really grow the update peak (not a flat, trivially monotone line)
-    small, large = est(model, cl, target=target, micro_batch_size_per_gpu=1), est(model, cl, target=target, micro_batch_size_per_gpu=16)
+    small, large = (
+        est(model, cl, target=target, micro_batch_size_per_gpu=1),
+        est(model, cl, target=target, micro_batch_size_per_gpu=16),
+    )
     assert large.phases["update"].total_bytes > small.phases["update"].total_bytes
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("knobs", [{}, {"max_token_len_per_gpu": 16384}, {"rollout_backend": "hf"}, {"fused_logprob": True, "ulysses_sp": 2}])
+@pytest.mark.parametrize(
+    "knobs", [{}, {"max_token_len_per_gpu": 16384}, {"rollout_backend": "hf"}, {"fused_logprob": True, "ulysses_sp": 2}]
+)
 def test_monotone_in_response_length(target: str, knobs: dict, est, totals) -> None:
     def make(resp: int):
         return est("qwen3-8b", "8xH100-80G", target=target, workload=Workload(response_len_tokens=resp), **knobs)
@@ -75,7 +95,10 @@ def test_monotone_in_response_length(target: str, knobs: dict, est, totals) -> N
     _assert_non_decreasing(_series([128, 512, 1024, 4096, 16384], make, totals), f"response_len {knobs}")
 
 
-SHARDED = {"rollout": ("actor_params", "optimizer_states", "ref_params"), "update": ("actor_params", "actor_grads", "optimizer_states", "ref_params")}
+SHARDED = {
+    "rollout": ("actor_params", "optimizer_states", "ref_params"),
+    "update": ("actor_params", "actor_grads", "optimizer_states", "ref_params"),
+}
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.estimate import estimate_memory, rollout_kv_budget_bytes
-from grpo_pilot.planner.memory.activations import attention_mask_bytes, layer_activation_bytes_per_token, recompute_activation_bytes, saved_activation_bytes
+from grpo_pilot.planner.memory.activations import (
+    attention_mask_bytes,
+    layer_activation_bytes_per_token,
+    recompute_activation_bytes,
+    saved_activation_bytes,
+)
 from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
 from grpo_pilot.planner.memory.logits import logprob_logits_bytes
 from grpo_pilot.planner.memory.vllm_budget import capture_sizes
@@ -19,7 +24,11 @@ def test_qwen25_7b_on_8xa100_model_states_are_16p_over_d(est) -> None:
     report = est("qwen2.5-7b", "8xA100-80G")
     update = report.phases["update"].items
     # fp32 master 4P/8 + fp32 grads 4P/8 + Adam m, v 8P/8 = 16 × 7,615,616,512 / 8 = 15,231,233,024 bytes
-    assert update["actor_params"] + update["actor_grads"] + update["optimizer_states"] == 16 * P_QWEN25_7B // 8 == 15_231_233_024
+    assert (
+        update["actor_params"] + update["actor_grads"] + update["optimizer_states"]
+        == 16 * P_QWEN25_7B // 8
+        == 15_231_233_024
+    )
     assert update["actor_params"] == 3_807_808_256
     # reference in bf16, sharded 8 ways: 2 × P / 8
     assert update["ref_params"] == 1_903_904_128
@@ -37,7 +46,10 @@ def test_logits_bytes_for_16k_tokens() -> None:
     assert bare == 16 * T * V + 2 * T * h == 39_862_665_216 + 117_440_512
     metric = logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="metric")
     assert metric == 18 * T * V + 2 * T * h
-    assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="grad") == 24 * T * V + 2 * T * h
+    assert (
+        logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="grad")
+        == 24 * T * V + 2 * T * h
+    )
     # verl (flash-attn cross entropy, in-place backward): 2·c = 4 bytes per element
     assert logprob_logits_bytes(T, V, h, 2, "verl", training=True, fused=False) == 4 * T * V + 2 * T * h
     # forward-only (log-prob pass), bf16: 2 + 4 + 4 = 10 bytes per element, no hidden gradient; fp32: 4 + 4
@@ -46,7 +58,10 @@ def test_logits_bytes_for_16k_tokens() -> None:
     # fused, chunks of 1024 tokens: forward 12 bytes per chunk element; training backward c + 20 = 22,
     # plus the fp32 weight-gradient accumulator 4·V·h, its bf16 cast 2·V·h and the hidden gradient
     assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=True) == 12 * 1024 * V
-    assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=True, entropy="metric") == 22 * 1024 * V + 6 * V * h + 2 * T * h
+    assert (
+        logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=True, entropy="metric")
+        == 22 * 1024 * V + 6 * V * h + 2 * T * h
+    )
     # TRL's fused head: one [4096, 32768] bf16 tile + 7 fp32 statistics per token
     assert logprob_logits_bytes(T, V, h, 2, "trl", training=False, fused=False) == 2 * 4096 * 32768 + 28 * T
 
@@ -54,7 +69,9 @@ def test_logits_bytes_for_16k_tokens() -> None:
 def test_update_logits_scored_positions_in_the_estimate(est) -> None:
     # dynamic batching, 16384-token budget, prompt 512 + response 1024: the mini-batch holds
     # 256 × 5 / 8 = 160 sequences × 1536 = 245,760 tokens, so a micro-batch packs the full 16,384.
-    verl = est("qwen2.5-7b", "8xA100-80G", target="verl", max_token_len_per_gpu=16_384, workload=Workload(entropy_coeff=0.0))
+    verl = est(
+        "qwen2.5-7b", "8xA100-80G", target="verl", max_token_len_per_gpu=16_384, workload=Workload(entropy_coeff=0.0)
+    )
     # verl scores every packed position; its logits moment (10.1 GB) outweighs the last layer's backward
     assert verl.phases["update"].items["logits"] == 4 * 16_384 * V_QWEN25 + 2 * 16_384 * 3584
     assert verl.phases["update"].items["gathered_layers"] == 0  # no decoder layer is gathered at the logits
@@ -96,21 +113,46 @@ def test_vllm_budget_qwen25_7b_util_half_on_a100(spec_of, cluster_of) -> None:
 def test_activation_bytes_per_token_per_layer(spec_of) -> None:
     s = spec_of("qwen2.5-7b")
     # 16h + 8·q_dim + 8I + 4a + 8 = 57,344 + 28,672 + 151,552 + 112 + 8 (traced on this stack)
-    assert layer_activation_bytes_per_token(s.hidden_size, s.q_dim, s.kv_dim, s.intermediate_size, s.num_attention_heads, 2) == 237_688
+    assert (
+        layer_activation_bytes_per_token(
+            s.hidden_size, s.q_dim, s.kv_dim, s.intermediate_size, s.num_attention_heads, 2
+        )
+        == 237_688
+    )
     small = spec_of("qwen2.5-1.5b")  # traced exactly: 108,600 bytes per token per layer
-    assert layer_activation_bytes_per_token(small.hidden_size, small.q_dim, small.kv_dim, small.intermediate_size, small.num_attention_heads, 2) == 108_600
+    assert (
+        layer_activation_bytes_per_token(
+            small.hidden_size, small.q_dim, small.kv_dim, small.intermediate_size, small.num_attention_heads, 2
+        )
+        == 108_600
+    )
     q3 = spec_of("qwen3-1.7b")  # + q/k RMSNorm: 6·(q_dim + kv_dim) + 4·(a + kv heads); traced 116,904
-    got = layer_activation_bytes_per_token(q3.hidden_size, q3.q_dim, q3.kv_dim, q3.intermediate_size, q3.num_attention_heads, 2, qk_norm=True, num_kv_heads=q3.num_kv_heads)
+    got = layer_activation_bytes_per_token(
+        q3.hidden_size,
+        q3.q_dim,
+        q3.kv_dim,
+        q3.intermediate_size,
+        q3.num_attention_heads,
+        2,
+        qk_norm=True,
+        num_kv_heads=q3.num_kv_heads,
+    )
     assert got == 16 * 2048 + 8 * 2048 + 8 * 6144 + 4 * 16 + 8 + 6 * (2048 + 1024) + 4 * (16 + 8) == 116_904
     # a packed row of T tokens keeps a T × T bf16 mask per layer
     T = 4096
     assert attention_mask_bytes(T, T, 2) == 2 * T * T
     # checkpointed: T × (L·2h + 2·2h head side) + the T × T boolean mask saved; one full layer (+ its
     # bf16 mask) recomputed
-    assert saved_activation_bytes(T, 28, 237_688, 2 * T * T, T * T, 3584, 2, True) == T * (28 * 2 * 3584 + 4 * 3584) + T * T
+    assert (
+        saved_activation_bytes(T, 28, 237_688, 2 * T * T, T * T, 3584, 2, True)
+        == T * (28 * 2 * 3584 + 4 * 3584) + T * T
+    )
     assert recompute_activation_bytes(T, 237_688, 2 * T * T, True) == T * 237_688 + 2 * T * T
     # full: every layer keeps its activations and its mask
-    assert saved_activation_bytes(T, 28, 237_688, 2 * T * T, T * T, 3584, 2, False) == 28 * (T * 237_688 + 2 * T * T) + T * 4 * 3584 + T * T
+    assert (
+        saved_activation_bytes(T, 28, 237_688, 2 * T * T, T * T, 3584, 2, False)
+        == 28 * (T * 237_688 + 2 * T * T) + T * 4 * 3584 + T * T
+    )
     assert recompute_activation_bytes(T, 237_688, 2 * T * T, False) == 0
 
 

@@ -13,7 +13,9 @@ P7 = 7_615_616_512
 @pytest.mark.parametrize("target", TARGETS)
 def test_offload_moves_rollout_bytes_from_gpu_to_host(target: str, est) -> None:
     base = est("qwen2.5-7b", "8xA100-80G", target=target)
-    off = est("qwen2.5-7b", "8xA100-80G", target=target, param_offload=True, optimizer_offload=True, ref_param_offload=True)
+    off = est(
+        "qwen2.5-7b", "8xA100-80G", target=target, param_offload=True, optimizer_offload=True, ref_param_offload=True
+    )
     b, o = base.phases["rollout"], off.phases["rollout"]
     moved = b.items["actor_params"] + b.items["optimizer_states"] + b.items["ref_params"]
     assert moved > 0 and o.items["actor_params"] == o.items["optimizer_states"] == o.items["ref_params"] == 0
@@ -33,13 +35,25 @@ def test_offload_in_update_our_engine_keeps_states_off_the_gpu(est) -> None:
         assert b[name] > 0 and o[name] == 0
     moved = sum(b[n] for n in ("actor_params", "actor_grads", "optimizer_states", "ref_params"))
     host = off.host.items
-    assert host["actor_params_offloaded"] + host["actor_grads_offloaded"] + host["optimizer_states_offloaded"] + host["ref_params_offloaded"] == 8 * moved
+    assert (
+        host["actor_params_offloaded"]
+        + host["actor_grads_offloaded"]
+        + host["optimizer_states_offloaded"]
+        + host["ref_params_offloaded"]
+        == 8 * moved
+    )
 
 
 def test_verl_offload_loads_states_back_for_the_update(est) -> None:
-    off = est("qwen2.5-7b", "8xA100-80G", target="verl", param_offload=True, optimizer_offload=True, ref_param_offload=True)
+    off = est(
+        "qwen2.5-7b", "8xA100-80G", target="verl", param_offload=True, optimizer_offload=True, ref_param_offload=True
+    )
     upd = off.phases["update"].items
-    assert upd["actor_params"] == 4 * P7 // 8 and upd["optimizer_states"] == 8 * P7 // 8 and upd["actor_grads"] == 4 * P7 // 8
+    assert (
+        upd["actor_params"] == 4 * P7 // 8
+        and upd["optimizer_states"] == 8 * P7 // 8
+        and upd["actor_grads"] == 4 * P7 // 8
+    )
     assert upd["ref_params"] == 0
     # the log-prob phase peaks in one of its two passes: actor loaded for the old pass, ref for its own
     lp = off.phases["log_prob"].items
@@ -91,7 +105,10 @@ def test_enforce_eager_removes_cuda_graphs_and_grows_the_kv_cache(est) -> None:
     graphs = est("qwen2.5-7b", "8xA100-80G")
     eager = est("qwen2.5-7b", "8xA100-80G", enforce_eager=True)
     assert graphs.phases["rollout"].items["vllm_cuda_graphs"] > 0 == eager.phases["rollout"].items["vllm_cuda_graphs"]
-    assert eager.kv_cache_bytes_per_gpu - graphs.kv_cache_bytes_per_gpu == graphs.phases["rollout"].items["vllm_cuda_graphs"]
+    assert (
+        eager.kv_cache_bytes_per_gpu - graphs.kv_cache_bytes_per_gpu
+        == graphs.phases["rollout"].items["vllm_cuda_graphs"]
+    )
     # graphs stay resident through the update (verl: "cudagraph memory stays resident during update_actor")
     assert graphs.phases["update"].total_bytes > eager.phases["update"].total_bytes
 
@@ -119,7 +136,9 @@ def test_cpu_pseudo_device_is_all_fp32_without_gpu_overheads(est) -> None:
     upd = r.phases["update"].items
     assert upd["actor_params"] == 4 * p and upd["actor_grads"] == 4 * p and upd["optimizer_states"] == 8 * p
     assert upd["ref_params"] == 4 * p  # no bf16 copies on cpu
-    assert upd["gathered_layers"] == upd["root_embed_lm_head"] == upd["unsharded_grads"] == upd["root_reduce_scatter"] == 0
+    assert (
+        upd["gathered_layers"] == upd["root_embed_lm_head"] == upd["unsharded_grads"] == upd["root_reduce_scatter"] == 0
+    )
     assert r.phases["rollout"].items["vllm_weights"] == 4 * p
     assert r.phases["rollout"].items["vllm_cuda_graphs"] == r.phases["rollout"].items["vllm_non_torch"] == 0
     for phase in r.phases.values():

@@ -23,8 +23,16 @@ def test_engine_actor_uses_fused_adamw_on_cpu() -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    net = Qwen2ForCausalLM(Qwen2Config(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                       num_key_value_heads=1))
+    net = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=16,
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     actor = Actor(net, device=torch.device("cpu"), knobs=Knobs(), lr=1e-3)
     assert actor.optimizer.defaults["fused"] is True
     before = [p.detach().clone() for p in actor.policy.parameters()]

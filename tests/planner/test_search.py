@@ -63,7 +63,10 @@ def test_frugal_point_is_the_memory_floor_of_the_space() -> None:
     frugal = frugal_knobs(space)
     assert frugal.param_offload and frugal.optimizer_offload and frugal.gradient_checkpointing and frugal.fused_logprob
     assert frugal.micro_batch_size_per_gpu == 1 and not frugal.dynamic_batching
-    assert assess(inp, frugal).memory.phases["update"].total_bytes < assess(inp, Knobs()).memory.phases["update"].total_bytes
+    assert (
+        assess(inp, frugal).memory.phases["update"].total_bytes
+        < assess(inp, Knobs()).memory.phases["update"].total_bytes
+    )
 
 
 def test_same_seed_same_plan_and_never_worse_than_verl_defaults() -> None:
@@ -73,15 +76,27 @@ def test_same_seed_same_plan_and_never_worse_than_verl_defaults() -> None:
     assert first.best.knobs == second.best.knobs and first.trials == second.trials
     default = assess(inp, Knobs())
     assert default.fits  # qwen2.5-7b on 8×H100 fits with verl's defaults…
-    assert first.best.fits and objective_value(first.best) >= objective_value(default)  # …and the search keeps or beats it
+    assert first.best.fits and objective_value(first.best) >= objective_value(
+        default
+    )  # …and the search keeps or beats it
     assert first.feasible_trials >= 1
 
 
 def test_every_searched_knob_pinned_evaluates_exactly_that() -> None:
     inp = inputs()
-    pins = {"rollout_tp": 4, "gpu_memory_utilization": 0.6, "micro_batch_size_per_gpu": 2, "log_prob_max_token_len_per_gpu": 6144,
-            "param_offload": False, "optimizer_offload": True, "ref_param_offload": True, "gradient_checkpointing": True,
-            "fused_logprob": True, "enforce_eager": False, "ulysses_sp": 2}
+    pins = {
+        "rollout_tp": 4,
+        "gpu_memory_utilization": 0.6,
+        "micro_batch_size_per_gpu": 2,
+        "log_prob_max_token_len_per_gpu": 6144,
+        "param_offload": False,
+        "optimizer_offload": True,
+        "ref_param_offload": True,
+        "gradient_checkpointing": True,
+        "fused_logprob": True,
+        "enforce_eager": False,
+        "ulysses_sp": 2,
+    }
     assert build_space(inp, pins).empty
     result = search(inp, pins=pins)
     assert result.trials == 0
@@ -110,9 +125,18 @@ def test_nothing_fits_returns_the_least_infeasible_assessment() -> None:
     assert result.best.total_excess > 0
 
 
-GRID_INPUTS = dict(model="qwen2.5-1.5b", gpus="2xL40S", workload=Workload(prompts_per_step=128, mini_batch_prompts=32, n=8))
-GRID_PINS = {"fused_logprob": False, "enforce_eager": False, "ulysses_sp": 1, "param_offload": False,
-             "optimizer_offload": False, "ref_param_offload": True, "log_prob_max_token_len_per_gpu": 8192}
+GRID_INPUTS = dict(
+    model="qwen2.5-1.5b", gpus="2xL40S", workload=Workload(prompts_per_step=128, mini_batch_prompts=32, n=8)
+)
+GRID_PINS = {
+    "fused_logprob": False,
+    "enforce_eager": False,
+    "ulysses_sp": 1,
+    "param_offload": False,
+    "optimizer_offload": False,
+    "ref_param_offload": True,
+    "log_prob_max_token_len_per_gpu": 8192,
+}
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +180,11 @@ def test_cpu_space_has_no_offload_or_eager_knobs():
     from grpo_pilot.planner.search import build_space
     from grpo_pilot.profiles import resolve_model
 
-    inputs = PlanInputs(model=model_ref(resolve_model("qwen2.5-0.5b")), cluster=parse_cluster("1xcpu"),
-                        workload=Workload(prompts_per_step=8, mini_batch_prompts=8, n=4, prompt_len_tokens=32, response_len_tokens=16))
+    inputs = PlanInputs(
+        model=model_ref(resolve_model("qwen2.5-0.5b")),
+        cluster=parse_cluster("1xcpu"),
+        workload=Workload(prompts_per_step=8, mini_batch_prompts=8, n=4, prompt_len_tokens=32, response_len_tokens=16),
+    )
     space = build_space(inputs)
     for name in ("param_offload", "optimizer_offload", "ref_param_offload", "enforce_eager"):
         assert name not in space.choices

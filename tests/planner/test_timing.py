@@ -12,7 +12,9 @@ from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.timing import estimate_time
 from grpo_pilot.profiles import resolve_model
 
-SMALL = Workload(prompts_per_step=8, mini_batch_prompts=8, n=2, prompt_len_tokens=64, response_len_tokens=64, use_kl_loss=False)
+SMALL = Workload(
+    prompts_per_step=8, mini_batch_prompts=8, n=2, prompt_len_tokens=64, response_len_tokens=64, use_kl_loss=False
+)
 
 
 def spec(alias: str):
@@ -44,7 +46,14 @@ def test_partial_last_micro_batch_is_not_padded() -> None:
 
 def test_checkpointing_adds_one_forward_when_compute_bound() -> None:
     s, c = spec("qwen2.5-0.5b"), parse_cluster("1xA100-80G")
-    w = Workload(prompts_per_step=64, mini_batch_prompts=64, n=4, prompt_len_tokens=512, response_len_tokens=512, use_kl_loss=False)
+    w = Workload(
+        prompts_per_step=64,
+        mini_batch_prompts=64,
+        n=4,
+        prompt_len_tokens=512,
+        response_len_tokens=512,
+        use_kl_loss=False,
+    )
     on = T.update_time_s(s, c, w, Knobs(gradient_checkpointing=True), "grpo-pilot")
     off = T.update_time_s(s, c, w, Knobs(gradient_checkpointing=False), "grpo-pilot")
     adam = s.num_params * T.ADAM_BYTES_PER_PARAM / 2039e9
@@ -146,12 +155,18 @@ def test_token_budget_semantics_follow_the_target() -> None:
 
 def test_kv_heads_replicate_beyond_tp() -> None:
     s = spec("qwen2.5-7b")  # 4 kv heads
-    assert T.kv_bytes_per_token_per_gpu(s, 8) == T.kv_bytes_per_token_per_gpu(s, 4) == 2 * s.num_layers * 1 * s.head_dim * 2
+    assert (
+        T.kv_bytes_per_token_per_gpu(s, 8)
+        == T.kv_bytes_per_token_per_gpu(s, 4)
+        == 2 * s.num_layers * 1 * s.head_dim * 2
+    )
     assert T.kv_bytes_per_token_per_gpu(s, 1) == 2 * s.num_layers * 4 * s.head_dim * 2
 
 
 def test_multi_node_collectives_run_at_nic_speed() -> None:
     h100 = parse_cluster("8xH100").gpu
-    assert T.collective_bytes_per_s(h100, spans_nodes=True) == pytest.approx(T.INTER_NODE_BYTES_PER_S * T.LINK_EFFICIENCY)
+    assert T.collective_bytes_per_s(h100, spans_nodes=True) == pytest.approx(
+        T.INTER_NODE_BYTES_PER_S * T.LINK_EFFICIENCY
+    )
     assert T.collective_bytes_per_s(h100, spans_nodes=False) == pytest.approx(450e9 * T.LINK_EFFICIENCY)
     assert math.isclose(T.host_link_bytes_per_s(parse_cluster("8xA100-80G").gpu), 32e9 * T.HOST_LINK_EFFICIENCY)

@@ -66,7 +66,12 @@ def traces() -> dict[tuple[int, bool, str], object]:
     out = {}
     for world, ckpt, opt in ((1, False, "adamw"), (2, False, "adamw"), (2, True, "adamw"), (2, False, "adamw_fused")):
         out[(world, ckpt, opt)] = trace_update_step(
-            TINY, world_size=world, micro_batch_seqs=SEQS, seq_len_tokens=SEQ_LEN, gradient_checkpointing=ckpt, optimizer=opt
+            TINY,
+            world_size=world,
+            micro_batch_seqs=SEQS,
+            seq_len_tokens=SEQ_LEN,
+            gradient_checkpointing=ckpt,
+            optimizer=opt,
         )
     return out
 
@@ -118,7 +123,14 @@ def test_checkpointing_cuts_activations(traces) -> None:
 def test_packed_row_adds_the_block_causal_mask() -> None:
     """One-row packing under SDPA makes transformers build a [T, T] mask per layer; [B, S] rows (our engine's SDPA layout) have none."""
     torch.set_num_threads(1)
-    kw = dict(world_size=2, micro_batch_seqs=4, seq_len_tokens=64, gradient_checkpointing=False, scored_positions_per_seq=48, micro_batches_per_step=1)
+    kw = dict(
+        world_size=2,
+        micro_batch_seqs=4,
+        seq_len_tokens=64,
+        gradient_checkpointing=False,
+        scored_positions_per_seq=48,
+        micro_batches_per_step=1,
+    )
     rows = trace_update_step(TINY, **kw)
     packed = trace_update_step(TINY, packed=True, **kw)
     tokens = 4 * 64
@@ -159,7 +171,9 @@ def test_spec_the_hf_class_cannot_build_is_an_input_error() -> None:
         trace_update_step(no_bias, world_size=1, micro_batch_seqs=1, seq_len_tokens=8, gradient_checkpointing=False)
     assert "qkv_bias=False" in info.value.hint
     with pytest.raises(InputError, match="param_dtype"):
-        trace_update_step(TINY, world_size=1, micro_batch_seqs=1, seq_len_tokens=8, gradient_checkpointing=False, param_dtype="bf16")
+        trace_update_step(
+            TINY, world_size=1, micro_batch_seqs=1, seq_len_tokens=8, gradient_checkpointing=False, param_dtype="bf16"
+        )
     with pytest.raises(InputError, match=">= 1"):
         trace_update_step(TINY, world_size=0, micro_batch_seqs=1, seq_len_tokens=8, gradient_checkpointing=False)
 
@@ -196,7 +210,9 @@ def comparisons() -> dict[bool, object]:
     torch.set_num_threads(1)
     workload = Workload(prompts_per_step=16, mini_batch_prompts=4, n=4, prompt_len_tokens=128, response_len_tokens=384)
     return {
-        ckpt: compare_with_analytic(TINY, parse_cluster("2xH100"), workload, Knobs(micro_batch_size_per_gpu=2, gradient_checkpointing=ckpt))
+        ckpt: compare_with_analytic(
+            TINY, parse_cluster("2xH100"), workload, Knobs(micro_batch_size_per_gpu=2, gradient_checkpointing=ckpt)
+        )
         for ckpt in (False, True)
     }
 

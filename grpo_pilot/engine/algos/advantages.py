@@ -43,7 +43,10 @@ def group_view(rewards: Tensor, group_size: int) -> Tensor:
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be a 1-D tensor [B], got shape {tuple(rewards.shape)}")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise InputError(f"group_size must be a positive integer, got {group_size!r}.", "Use the number of completions per prompt (n).")
+        raise InputError(
+            f"group_size must be a positive integer, got {group_size!r}.",
+            "Use the number of completions per prompt (n).",
+        )
     if rewards.numel() % group_size != 0:
         raise InputError(
             f"{rewards.numel()} rewards do not split into groups of {group_size}.",

@@ -61,7 +61,10 @@ def _positive(name: str, value: float | int | Tensor | None) -> None:
         return
     number = float(value.detach().reshape(()).item()) if isinstance(value, Tensor) else float(value)
     if not number > 0:
-        raise InputError(f"{name} must be positive, got {number}.", "Pass the count or length of the whole mini-batch (> 0), or None.")
+        raise InputError(
+            f"{name} must be positive, got {number}.",
+            "Pass the count or length of the whole mini-batch (> 0), or None.",
+        )
 
 
 def aggregate(

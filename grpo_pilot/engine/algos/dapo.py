@@ -76,7 +76,9 @@ def truncated_samples(completion_ids: Tensor, mask: Tensor, eos_token_ids: int |
     """
     if completion_ids.shape != mask.shape:
         raise ValueError(f"completion_ids {tuple(completion_ids.shape)} and mask {tuple(mask.shape)} must match")
-    eos = torch.as_tensor([eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids), device=completion_ids.device)
+    eos = torch.as_tensor(
+        [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids), device=completion_ids.device
+    )
     is_eos = torch.isin(completion_ids, eos) & mask.bool()
     return ~is_eos.any(dim=1)
 

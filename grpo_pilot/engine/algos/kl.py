@@ -27,7 +27,15 @@ from torch import Tensor
 from grpo_pilot.errors import InputError
 
 KLType = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"]
-_CANONICAL: dict[str, str] = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3", "abs": "abs"}
+_CANONICAL: dict[str, str] = {
+    "k1": "k1",
+    "kl": "k1",
+    "k2": "k2",
+    "mse": "k2",
+    "k3": "k3",
+    "low_var_kl": "k3",
+    "abs": "abs",
+}
 KL_TYPES: tuple[str, ...] = tuple(_CANONICAL)
 
 # verl's low_var_kl clamps (core_algos.kl_penalty): exponent argument ±20, value ±10.

@@ -32,7 +32,10 @@ def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _check_temperature(temperature: float) -> None:
     if not temperature > 0.0:
-        raise InputError(f"Temperature must be > 0 to score log-probs, got {temperature}.", "Use the sampling temperature (1.0 for plain sampling).")
+        raise InputError(
+            f"Temperature must be > 0 to score log-probs, got {temperature}.",
+            "Use the sampling temperature (1.0 for plain sampling).",
+        )
 
 
 def token_logprobs(logits: Tensor, target_ids: Tensor, *, temperature: float = 1.0) -> Tensor:
@@ -42,7 +45,9 @@ def token_logprobs(logits: Tensor, target_ids: Tensor, *, temperature: float = 1
     """
     _check_temperature(temperature)
     if logits.shape[:-1] != target_ids.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} do not match target_ids {tuple(target_ids.shape)} (+ vocab dim)")
+        raise ValueError(
+            f"logits {tuple(logits.shape)} do not match target_ids {tuple(target_ids.shape)} (+ vocab dim)"
+        )
     scaled = logits.to(_softmax_dtype(logits.dtype)) / temperature
     picked = torch.gather(scaled, -1, target_ids.long().unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(scaled, dim=-1)
@@ -71,8 +76,15 @@ class _ChunkedLogProbs(torch.autograd.Function):
     """(hidden [N, h], weight [V, h], targets [N]) -> (logprobs [N], entropy [N]); recomputes in backward."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,  # type: ignore[override]
-                chunk_tokens: int, with_entropy: bool) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        temperature: float,  # type: ignore[override]
+        chunk_tokens: int,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)  # an unused output (e.g. entropy) then gets None, not zeros
         num_tokens = hidden.shape[0]
         out_dtype = _softmax_dtype(weight.dtype)
@@ -104,16 +116,33 @@ class _ChunkedLogProbs(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_weight else None
         use_entropy = ctx.with_entropy and grad_entropy is not None
         with _no_autocast(hidden):
-            _chunked_backward(hidden, weight, targets, temperature, chunk_tokens, grad_logprobs,
-                              grad_entropy if use_entropy else None, grad_hidden, grad_weight)
+            _chunked_backward(
+                hidden,
+                weight,
+                targets,
+                temperature,
+                chunk_tokens,
+                grad_logprobs,
+                grad_entropy if use_entropy else None,
+                grad_hidden,
+                grad_weight,
+            )
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
 
 
-def _chunked_backward(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk_tokens: int,
-                      grad_logprobs: Tensor | None, grad_entropy: Tensor | None,
-                      grad_hidden: Tensor | None, grad_weight: Tensor | None) -> None:
+def _chunked_backward(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    temperature: float,
+    chunk_tokens: int,
+    grad_logprobs: Tensor | None,
+    grad_entropy: Tensor | None,
+    grad_hidden: Tensor | None,
+    grad_weight: Tensor | None,
+) -> None:
     """Fill `grad_hidden` [N, h] and accumulate `grad_weight` [V, h] chunk by chunk (recomputing the logits)."""
     for start in range(0, hidden.shape[0], chunk_tokens):
         stop = min(start + chunk_tokens, hidden.shape[0])
@@ -157,12 +186,19 @@ def chunked_token_logprobs(
     """
     _check_temperature(temperature)
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
-        raise InputError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}.", "A few thousand tokens is typical (memory: chunk_tokens × vocab × 4 bytes).")
+        raise InputError(
+            f"chunk_tokens must be a positive integer, got {chunk_tokens!r}.",
+            "A few thousand tokens is typical (memory: chunk_tokens × vocab × 4 bytes).",
+        )
     if hidden.dim() != 2 or lm_head_weight.dim() != 2 or hidden.shape[1] != lm_head_weight.shape[1]:
-        raise ValueError(f"need hidden [N, h] and lm_head_weight [V, h]; got {tuple(hidden.shape)} and {tuple(lm_head_weight.shape)}")
+        raise ValueError(
+            f"need hidden [N, h] and lm_head_weight [V, h]; got {tuple(hidden.shape)} and {tuple(lm_head_weight.shape)}"
+        )
     if target_ids.shape != hidden.shape[:1]:
         raise ValueError(f"target_ids must be [N] with N = {hidden.shape[0]}, got {tuple(target_ids.shape)}")
     if hidden.dtype != lm_head_weight.dtype:  # e.g. fp32 hidden under autocast with a bf16 head, or the reverse
         hidden = hidden.to(lm_head_weight.dtype)
-    logprobs, entropy = _ChunkedLogProbs.apply(hidden, lm_head_weight, target_ids.long(), float(temperature), chunk_tokens, bool(with_entropy))
+    logprobs, entropy = _ChunkedLogProbs.apply(
+        hidden, lm_head_weight, target_ids.long(), float(temperature), chunk_tokens, bool(with_entropy)
+    )
     return logprobs, (entropy if with_entropy else None)

@@ -42,8 +42,14 @@ VERL_LOG_RATIO_CLAMP = 20.0  # verl core_algos.compute_policy_loss_vanilla: clam
 
 
 def _check_settings(
-    loss_agg_mode: str, clip_low: float, clip_high: float, clip_c: float | None, ratio_level: str,
-    kl_coef: float, kl_type: str, log_ratio_clamp: float | None,
+    loss_agg_mode: str,
+    clip_low: float,
+    clip_high: float,
+    clip_c: float | None,
+    ratio_level: str,
+    kl_coef: float,
+    kl_type: str,
+    log_ratio_clamp: float | None,
 ) -> None:
     check_agg_mode(loss_agg_mode)
     canonical_kl_type(kl_type)
@@ -52,7 +58,9 @@ def _check_settings(
     if not clip_high >= 0.0:
         raise InputError(f"clip_high must be >= 0, got {clip_high}.", "Typical: 0.2, or 0.28 for DAPO clip-higher.")
     if clip_c is not None and not clip_c > 1.0:
-        raise InputError(f"Dual-clip constant clip_c must be > 1, got {clip_c}.", "verl's default is 3.0; None disables dual clip.")
+        raise InputError(
+            f"Dual-clip constant clip_c must be > 1, got {clip_c}.", "verl's default is 3.0; None disables dual clip."
+        )
     if ratio_level not in ("token", "sequence"):
         raise InputError(f"Unknown ratio_level '{ratio_level}'.", "Use 'token' (PPO/GRPO) or 'sequence' (GSPO).")
     if not kl_coef >= 0.0:
@@ -61,16 +69,29 @@ def _check_settings(
         raise InputError(f"log_ratio_clamp must be > 0 or None, got {log_ratio_clamp}.", "verl uses 20.")
 
 
-def _check_shapes(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                  ref_logprobs: Tensor | None, entropy: Tensor | None) -> None:
+def _check_shapes(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    ref_logprobs: Tensor | None,
+    entropy: Tensor | None,
+) -> None:
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
     shape = logprobs.shape
-    for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs), ("entropy", entropy)):
+    for name, tensor in (
+        ("old_logprobs", old_logprobs),
+        ("mask", mask),
+        ("ref_logprobs", ref_logprobs),
+        ("entropy", entropy),
+    ):
         if tensor is not None and tensor.shape != shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)} like logprobs")
     if advantages.shape not in ((shape[0],), (shape[0], 1), shape):
-        raise ValueError(f"advantages must be [B], [B, 1] or [B, T] with B, T = {tuple(shape)}, got {tuple(advantages.shape)}")
+        raise ValueError(
+            f"advantages must be [B], [B, 1] or [B, T] with B, T = {tuple(shape)}, got {tuple(advantages.shape)}"
+        )
 
 
 def policy_loss(
@@ -108,9 +129,15 @@ def policy_loss(
     _check_settings(loss_agg_mode, clip_low, clip_high, clip_c, ratio_level, kl_coef, kl_type, log_ratio_clamp)
     _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs, entropy)
     if kl_coef > 0.0 and ref_logprobs is None:
-        raise InputError("kl_coef > 0 needs reference log-probs.", "Pass ref_logprobs (from the frozen reference model) or set kl_coef=0.")
+        raise InputError(
+            "kl_coef > 0 needs reference log-probs.",
+            "Pass ref_logprobs (from the frozen reference model) or set kl_coef=0.",
+        )
     if entropy_coeff != 0.0 and entropy is None:
-        raise InputError("entropy_coeff != 0 needs per-token entropies.", "Pass entropy (e.g. from chunked_token_logprobs(with_entropy=True)).")
+        raise InputError(
+            "entropy_coeff != 0 needs per-token entropies.",
+            "Pass entropy (e.g. from chunked_token_logprobs(with_entropy=True)).",
+        )
     agg = {"loss_scale_len": loss_scale_len, "global_num_tokens": global_num_tokens, "global_num_seqs": global_num_seqs}
 
     adv = advantages.detach().to(logprobs.dtype)
@@ -153,8 +180,19 @@ def policy_loss(
         stats["entropy_loss"] = entropy_loss.detach()
         stats["entropy"] = masked_mean(entropy.detach(), mask)
     stats["loss"] = total.detach()
-    stats.update(_clip_stats(ratio.detach(), adv, loss_unclipped.detach(), loss_clipped.detach(), dual_active,
-                             log_ratio.detach(), mask, clip_low, clip_high))
+    stats.update(
+        _clip_stats(
+            ratio.detach(),
+            adv,
+            loss_unclipped.detach(),
+            loss_clipped.detach(),
+            dual_active,
+            log_ratio.detach(),
+            mask,
+            clip_low,
+            clip_high,
+        )
+    )
     names = list(stats)
     values = torch.stack([stats[k].to(torch.float64).reshape(()) for k in names]).tolist()  # one host sync
     metrics = dict(zip(names, values))
@@ -164,8 +202,17 @@ def policy_loss(
     return total, metrics
 
 
-def _clip_stats(ratio: Tensor, adv: Tensor, loss_unclipped: Tensor, loss_clipped: Tensor, dual_active: Tensor,
-                log_ratio: Tensor, mask: Tensor, clip_low: float, clip_high: float) -> dict[str, Tensor]:
+def _clip_stats(
+    ratio: Tensor,
+    adv: Tensor,
+    loss_unclipped: Tensor,
+    loss_clipped: Tensor,
+    dual_active: Tensor,
+    log_ratio: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> dict[str, Tensor]:
     """Token-mean clip statistics over `mask` ([B, T]; [B, 1] tensors are broadcast)."""
     valid = mask.bool()
     full_ratio = ratio.expand(valid.shape)

@@ -1,8 +1,8 @@
 """Prompt data for the engine: JSONL loading in the formats users have, rendering, resumable sampling.
 
-    load_prompts(path, *, fmt="auto", transform=None, skip_invalid=False) -> PromptSet
-    render_prompt(record, tokenizer, *, use_chat_template=None) -> str
-    PromptSampler(num_records, prompts_per_step, seed).next_batch() -> list[int]
+load_prompts(path, *, fmt="auto", transform=None, skip_invalid=False) -> PromptSet
+render_prompt(record, tokenizer, *, use_chat_template=None) -> str
+PromptSampler(num_records, prompts_per_step, seed).next_batch() -> list[int]
 """
 
 from grpo_pilot.engine.data.callables import load_callable

@@ -146,7 +146,12 @@ PARSERS: dict[str, Callable[[int, dict[str, Any]], PromptRecord]] = {
 }
 
 # Auto-detection: the first key present decides the format.
-DETECT_ORDER = (("messages", "messages"), ("prompt", "prompt_answer"), ("instruction", "instruction_response"), ("input", "input_output"))
+DETECT_ORDER = (
+    ("messages", "messages"),
+    ("prompt", "prompt_answer"),
+    ("instruction", "instruction_response"),
+    ("input", "input_output"),
+)
 
 
 def detect_format(raw: dict[str, Any]) -> str:
@@ -154,7 +159,9 @@ def detect_format(raw: dict[str, Any]) -> str:
         if key in raw:
             return fmt
     keys = ", ".join(sorted(raw)) or "none"
-    raise RecordError("prompt", f"no prompt field found (keys: {keys}); expected one of messages, prompt, instruction, input")
+    raise RecordError(
+        "prompt", f"no prompt field found (keys: {keys}); expected one of messages, prompt, instruction, input"
+    )
 
 
 def parse_record(line: int, raw: object, fmt: str) -> tuple[PromptRecord, str]:

@@ -30,7 +30,9 @@ MAX_SKIP_REASONS = 20
 
 def _open_lines(path: Path) -> list[str]:
     if not path.exists():
-        raise InputError(f"Prompt file '{path}' does not exist.", "Pass the path of a JSONL file (one JSON object per line).")
+        raise InputError(
+            f"Prompt file '{path}' does not exist.", "Pass the path of a JSONL file (one JSON object per line)."
+        )
     if not path.is_file():
         raise InputError(f"Prompt file '{path}' is not a regular file.", "Pass the path of a JSONL file.")
     data = path.read_bytes()
@@ -103,12 +105,14 @@ def load_prompts(
             "Fix those lines, or pass --skip-invalid to leave them out (they are counted and reported).",
         )
     if not records:
-        reason = f"all {len(problems)} non-blank line(s) are invalid" if problems else (
-            f"the transform dropped all {dropped} line(s)" if dropped else "it has no JSON lines"
+        reason = (
+            f"all {len(problems)} non-blank line(s) are invalid"
+            if problems
+            else (f"the transform dropped all {dropped} line(s)" if dropped else "it has no JSON lines")
         )
         raise InputError(
             f"Prompt file '{source}' holds no usable prompt: {reason}.",
-            "Give a JSONL file with one object per line, e.g. {\"prompt\": \"...\", \"answer\": \"...\"}.",
+            'Give a JSONL file with one object per line, e.g. {"prompt": "...", "answer": "..."}.',
         )
     detected = fmt if fmt != "auto" else (next(iter(formats)) if len(formats) == 1 else "mixed")
     return PromptSet(

@@ -47,5 +47,7 @@ def render_prompt(record: PromptRecord, tokenizer: Any, *, use_chat_template: bo
             "Check the roles and their order on that line, or turn the chat template off.",
         ) from exc
     if not isinstance(text, str):
-        raise InputError("The tokenizer's apply_chat_template did not return text.", "Use a tokenizer with a Jinja chat template.")
+        raise InputError(
+            "The tokenizer's apply_chat_template did not return text.", "Use a tokenizer with a Jinja chat template."
+        )
     return text

@@ -30,7 +30,9 @@ class PromptSampler:
         if num_records < 1:
             raise InputError("The prompt set is empty.", "Give a prompt file with at least one valid line.")
         if prompts_per_step < 1:
-            raise InputError(f"prompts_per_step must be at least 1, got {prompts_per_step}.", "Set a positive batch size.")
+            raise InputError(
+                f"prompts_per_step must be at least 1, got {prompts_per_step}.", "Set a positive batch size."
+            )
         if seed < 0:
             raise InputError(f"The data seed must be non-negative, got {seed}.", "Pass a seed >= 0.")
         self.num_records = num_records
@@ -66,8 +68,15 @@ class PromptSampler:
         """Continue from `state`; the prompt set size, batch size and seed must match the saved ones."""
         missing = [k for k in ("seed", "epoch", "position", "num_records") if k not in state]
         if missing:
-            raise InputError(f"The saved data position lacks {', '.join(missing)}.", "The checkpoint is incomplete; resume from another one.")
-        for key, mine in (("num_records", self.num_records), ("seed", self.seed), ("prompts_per_step", self.prompts_per_step)):
+            raise InputError(
+                f"The saved data position lacks {', '.join(missing)}.",
+                "The checkpoint is incomplete; resume from another one.",
+            )
+        for key, mine in (
+            ("num_records", self.num_records),
+            ("seed", self.seed),
+            ("prompts_per_step", self.prompts_per_step),
+        ):
             if key in state and int(state[key]) != mine:
                 raise InputError(
                     f"Cannot resume the prompt order: the checkpoint has {key}={state[key]}, this run has {mine}.",
@@ -75,7 +84,10 @@ class PromptSampler:
                 )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= self.num_records:
-            raise InputError(f"The saved data position (epoch {epoch}, position {position}) is out of range.", "Resume from another checkpoint.")
+            raise InputError(
+                f"The saved data position (epoch {epoch}, position {position}) is out of range.",
+                "Resume from another checkpoint.",
+            )
         self.epoch = epoch
         self.position = position
         self._order = epoch_permutation(self.num_records, self.seed, epoch)

@@ -79,9 +79,7 @@ class RewardModel:
             for field in part.requires:
                 require_field(batch, field, part.label)
             parts[part.label] = checked_scores(part.scorer(batch), len(completions), part.label)
-        total = tuple(
-            sum(p.weight * parts[p.label][i] for p in self.parts) for i in range(len(completions))
-        )
+        total = tuple(sum(p.weight * parts[p.label][i] for p in self.parts) for i in range(len(completions)))
         return RewardResult(total=total, parts=parts, weights={p.label: p.weight for p in self.parts})
 
 

@@ -43,12 +43,39 @@ class Builtin:
 BUILTINS: dict[str, Builtin] = {
     b.name: b
     for b in (
-        Builtin("exact_match", "1 if the final answer (boxed, ####, last number) equals the record's answer", ExactMatchOptions, make_exact_match, ("answer",)),
-        Builtin("format", "1 if the completion matches a regex (default: <think>...</think> then an answer)", FormatOptions, make_format),
-        Builtin("code", "fraction of the record's assert tests the completion's code passes, sandboxed", CodeOptions, make_code, ("tests",)),
+        Builtin(
+            "exact_match",
+            "1 if the final answer (boxed, ####, last number) equals the record's answer",
+            ExactMatchOptions,
+            make_exact_match,
+            ("answer",),
+        ),
+        Builtin(
+            "format",
+            "1 if the completion matches a regex (default: <think>...</think> then an answer)",
+            FormatOptions,
+            make_format,
+        ),
+        Builtin(
+            "code",
+            "fraction of the record's assert tests the completion's code passes, sandboxed",
+            CodeOptions,
+            make_code,
+            ("tests",),
+        ),
         Builtin("length", "-min(L, max_len)/max_len: a plain length penalty", LengthOptions, make_length),
-        Builtin("overlong", "DAPO soft overlong penalty over the last cache_len before max_len", OverlongOptions, make_overlong),
-        Builtin("char_fraction", "fraction of the completion's characters equal to `char` (toy task)", CharFractionOptions, make_char_fraction),
+        Builtin(
+            "overlong",
+            "DAPO soft overlong penalty over the last cache_len before max_len",
+            OverlongOptions,
+            make_overlong,
+        ),
+        Builtin(
+            "char_fraction",
+            "fraction of the completion's characters equal to `char` (toy task)",
+            CharFractionOptions,
+            make_char_fraction,
+        ),
     )
 }
 

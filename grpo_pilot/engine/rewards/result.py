@@ -43,20 +43,33 @@ Scorer = Callable[[ScoreBatch], list[float]]
 def checked_scores(values: object, count: int, label: str) -> tuple[float, ...]:
     """`values` as floats after checking there is one finite real number per completion."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-        raise RunError(f"The reward '{label}' returned {type(values).__name__}, not a list of numbers.", "Return one float per completion.")
+        raise RunError(
+            f"The reward '{label}' returned {type(values).__name__}, not a list of numbers.",
+            "Return one float per completion.",
+        )
     items = list(values)  # type: ignore[call-overload]
     if len(items) != count:
-        raise RunError(f"The reward '{label}' returned {len(items)} scores for {count} completions.", "Return one float per completion.")
+        raise RunError(
+            f"The reward '{label}' returned {len(items)} scores for {count} completions.",
+            "Return one float per completion.",
+        )
     out: list[float] = []
     for i, item in enumerate(items):
         if isinstance(item, (str, bytes)) or item is None:
-            raise RunError(f"The reward '{label}' returned {item!r} for completion {i}; a number is needed.", "Return floats.")
+            raise RunError(
+                f"The reward '{label}' returned {item!r} for completion {i}; a number is needed.", "Return floats."
+            )
         try:
             value = float(item)
         except (TypeError, ValueError) as exc:
-            raise RunError(f"The reward '{label}' returned {type(item).__name__} for completion {i}; a number is needed.", "Return floats.") from exc
+            raise RunError(
+                f"The reward '{label}' returned {type(item).__name__} for completion {i}; a number is needed.",
+                "Return floats.",
+            ) from exc
         if not math.isfinite(value):
-            raise RunError(f"The reward '{label}' returned {value} for completion {i}.", "Rewards must be finite numbers.")
+            raise RunError(
+                f"The reward '{label}' returned {value} for completion {i}.", "Rewards must be finite numbers."
+            )
         out.append(value)
     return tuple(out)
 

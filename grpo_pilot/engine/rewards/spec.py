@@ -135,7 +135,9 @@ def _builtin_term(term: str, name: str, rest: str) -> RewardTerm:
     weight = parse_weight(weight_text, term) if weight_text else 1.0
     if "weight" in options:
         if weight_text:
-            raise InputError(f"Reward term '{term}' gives its weight twice.", "Use either name=WEIGHT or the weight= option.")
+            raise InputError(
+                f"Reward term '{term}' gives its weight twice.", "Use either name=WEIGHT or the weight= option."
+            )
         weight = parse_weight(options.pop("weight"), term)
     return RewardTerm(kind="builtin", name=name, weight=weight, options=options)
 
@@ -153,7 +155,9 @@ def parse_spec(spec: str, builtins: Iterable[str]) -> tuple[RewardTerm, ...]:
     """The terms of `spec`, in order; `builtins` are the names that are built-in rewards."""
     names = set(builtins)
     if not spec or not spec.strip():
-        raise InputError("The reward spec is empty.", f"Name a reward, e.g. exact_match; built-ins: {', '.join(sorted(names))}.")
+        raise InputError(
+            "The reward spec is empty.", f"Name a reward, e.g. exact_match; built-ins: {', '.join(sorted(names))}."
+        )
     terms: list[RewardTerm] = []
     for raw in split_top_level(spec, ","):
         term = raw.strip()

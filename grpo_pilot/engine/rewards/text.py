@@ -138,5 +138,5 @@ def require_field(batch: ScoreBatch, field: str, reward: str) -> None:
         lines = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         raise InputError(
             f"The '{reward}' reward needs a reference {field}, but the records of line(s) {lines} have none.",
-            f"Add \"{field}\" to those lines of the prompt file, or choose another reward.",
+            f'Add "{field}" to those lines of the prompt file, or choose another reward.',
         )

@@ -49,7 +49,9 @@ def build_rollout(
                 f"The hf rollout backend generates on the policy module itself; tensor_parallel_size={tensor_parallel_size} does not apply.",
                 "Use rollout_tp=1 with rollout_backend='hf'.",
             )
-        return HFRollout(model, tokenizer, max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes)
+        return HFRollout(
+            model, tokenizer, max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes
+        )
     if name == "vllm":
         from grpo_pilot.engine.rollout.vllm_backend import VLLMRollout
 

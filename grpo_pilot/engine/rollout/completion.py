@@ -47,11 +47,16 @@ def make_decoder(tokenizer: Any) -> Decode:
     return decode
 
 
-def check_prompts(prompt_ids: list[list[int]], sampling: SamplingConfig, *, max_model_len: int, vocab_size: int) -> None:
+def check_prompts(
+    prompt_ids: list[list[int]], sampling: SamplingConfig, *, max_model_len: int, vocab_size: int
+) -> None:
     """Raise `InputError` for an empty prompt, an id outside the vocabulary, or prompt+max_new_tokens > max_model_len."""
     for i, ids in enumerate(prompt_ids):
         if len(ids) == 0:
-            raise InputError(f"Prompt {i} is empty (0 tokens).", "Every prompt needs at least one token; check the dataset and chat template.")
+            raise InputError(
+                f"Prompt {i} is empty (0 tokens).",
+                "Every prompt needs at least one token; check the dataset and chat template.",
+            )
         bad = [t for t in ids if not 0 <= int(t) < vocab_size]
         if bad:
             raise InputError(
@@ -86,7 +91,9 @@ def stop_cut(token_ids: Sequence[int], stop: Sequence[str], decode: Decode) -> i
     return hi
 
 
-def finish_completion(raw_ids: Sequence[int], *, eos_ids: Sequence[int], sampling: SamplingConfig, decode: Decode) -> Generation:
+def finish_completion(
+    raw_ids: Sequence[int], *, eos_ids: Sequence[int], sampling: SamplingConfig, decode: Decode
+) -> Generation:
     """Cut raw generated ids (may run past EOS, e.g. padding) at the first EOS or stop string.
 
     EOS is kept (the loss counts it); a stop string's tokens are kept. Anything else that reaches

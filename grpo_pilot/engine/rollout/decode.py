@@ -85,8 +85,14 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
     return torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(real, dtype=torch.bool, device=device)
 
 
-def sample_next(logits: Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None,
-                uniforms: Tensor | None = None) -> Tensor:
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    uniforms: Tensor | None = None,
+) -> Tensor:
     """One token id per row [R] from last-position logits [R, V] (see the module docstring).
 
     `uniforms` [R, 1] fp32 in [0, 1): the draws to use instead of R fresh ones from `generator`
@@ -126,12 +132,25 @@ def should_compact(num_finished: int, num_rows: int, compact_fraction: float | N
 
 def _step_mask(model: Any, key_mask: Tensor) -> Tensor:
     """The mask transformers' forward gets per step: SDPA a ready boolean [R, 1, 1, total], other kernels the 2-D mask."""
-    return key_mask[:, None, None, :] if getattr(model.config, "_attn_implementation", None) == "sdpa" else key_mask.long()
+    return (
+        key_mask[:, None, None, :] if getattr(model.config, "_attn_implementation", None) == "sdpa" else key_mask.long()
+    )
 
 
-def decode_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_ids: Sequence[int], pad_id: int,
-                 temperature: float, top_p: float, generator: torch.Generator | None, stop: StopCheck | None = None,
-                 stop_window: int | None = None, compact_fraction: float | None = COMPACT_FRACTION) -> list[list[int]]:
+def decode_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    stop: StopCheck | None = None,
+    stop_window: int | None = None,
+    compact_fraction: float | None = COMPACT_FRACTION,
+) -> list[list[int]]:
     """Generated ids per prompt (up to `max_new_tokens`; after a row finishes, `pad_id`s follow).
 
     `model` is a transformers causal LM in eval mode, called under no-grad by the caller. `stop`
@@ -151,8 +170,14 @@ def decode_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens
     unique_positions = (unique_real.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     # prefill: causal + padding mask from the 2-D real-token mask (built once by transformers)
-    logits = model(input_ids=ids, attention_mask=unique_real.long(), position_ids=unique_positions, past_key_values=cache, use_cache=True,
-                   logits_to_keep=1).logits[:, -1]
+    logits = model(
+        input_ids=ids,
+        attention_mask=unique_real.long(),
+        position_ids=unique_positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
     real, positions = unique_real[inverse], unique_positions[inverse]
     if len(first) < len(prompts):
         logits = logits[inverse]
@@ -174,8 +199,12 @@ def decode_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens
     for step in range(max_new_tokens):
         compacted = len(alive) < batch
         # after a compaction, still B draws per token (the caller's random stream as without it), each row its own
-        uniforms = draw_uniforms(batch, generator, device).index_select(0, alive) if compacted and temperature != 0.0 else None
-        token = sample_next(logits, temperature=temperature, top_p=top_p, generator=generator, uniforms=uniforms).masked_fill(finished, pad_id)
+        uniforms = (
+            draw_uniforms(batch, generator, device).index_select(0, alive) if compacted and temperature != 0.0 else None
+        )
+        token = sample_next(
+            logits, temperature=temperature, top_p=top_p, generator=generator, uniforms=uniforms
+        ).masked_fill(finished, pad_id)
         if compacted:
             out[:, step].index_copy_(0, alive, token)  # a view of out's column: written in place
         else:
@@ -208,6 +237,11 @@ def decode_batch(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens
         if fast is not None:
             logits = fast(token, last)
         else:
-            logits = model(input_ids=token[:, None], attention_mask=step_mask[..., : width + steps], position_ids=last, past_key_values=cache,
-                           use_cache=True).logits[:, -1]
+            logits = model(
+                input_ids=token[:, None],
+                attention_mask=step_mask[..., : width + steps],
+                position_ids=last,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
     return out[:, :steps].tolist()

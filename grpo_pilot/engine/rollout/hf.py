@@ -86,7 +86,15 @@ class HFRollout:
 
     name = "hf"
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_model_len: int, max_num_seqs: int = 256, kv_cache_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        max_model_len: int,
+        max_num_seqs: int = 256,
+        kv_cache_bytes: int | None = None,
+    ) -> None:
         if max_model_len < 2 or max_num_seqs < 1 or (kv_cache_bytes is not None and kv_cache_bytes < 1):
             raise InputError(
                 f"Invalid hf rollout limits: max_model_len={max_model_len}, max_num_seqs={max_num_seqs}, kv_cache_bytes={kv_cache_bytes}.",
@@ -105,7 +113,12 @@ class HFRollout:
     # -- protocol -------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
         model = self._live_model()
-        check_prompts(prompt_ids, sampling, max_model_len=self.max_model_len, vocab_size=model.get_input_embeddings().num_embeddings)
+        check_prompts(
+            prompt_ids,
+            sampling,
+            max_model_len=self.max_model_len,
+            vocab_size=model.get_input_embeddings().num_embeddings,
+        )
         if not prompt_ids:
             return []
         device = next(model.parameters()).device
@@ -118,7 +131,10 @@ class HFRollout:
                 chunk = order[start : start + rows]
                 outs = self._generate_chunk(model, [prompt_ids[i] for i in chunk], sampling, generator)
                 raw.update(zip(chunk, outs))
-        return [finish_completion(raw[i], eos_ids=self.eos_ids, sampling=sampling, decode=self._decode) for i in range(len(prompt_ids))]
+        return [
+            finish_completion(raw[i], eos_ids=self.eos_ids, sampling=sampling, decode=self._decode)
+            for i in range(len(prompt_ids))
+        ]
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Generation already uses the policy's live parameters; only adopt a different module object."""
@@ -153,13 +169,22 @@ class HFRollout:
             raise RunError("The hf rollout backend was closed.", "Build a new backend with build_rollout('hf', ...).")
         return self._model
 
-    def _generate_chunk(self, model: Any, prompts: list[list[int]], sampling: SamplingConfig, generator: torch.Generator) -> list[list[int]]:
+    def _generate_chunk(
+        self, model: Any, prompts: list[list[int]], sampling: SamplingConfig, generator: torch.Generator
+    ) -> list[list[int]]:
         """One `decode_batch` over `prompts`; each row's generated ids (may run past its end with padding)."""
         stop = _StopStringTail(sampling.stop, self.tokenizer) if sampling.stop else None
         return decode_batch(
-            model, prompts, max_new_tokens=sampling.max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
-            temperature=0.0 if sampling.greedy else sampling.temperature, top_p=sampling.top_p, generator=generator,
-            stop=stop, stop_window=stop.window if stop is not None else None,
+            model,
+            prompts,
+            max_new_tokens=sampling.max_new_tokens,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=sampling.top_p,
+            generator=generator,
+            stop=stop,
+            stop_window=stop.window if stop is not None else None,
         )
 
     @contextlib.contextmanager
@@ -169,7 +194,7 @@ class HFRollout:
         model.eval()
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
         try:
-            with (torch.inference_mode() if _refreshes_no_buffers(model) else torch.no_grad()), autocast:
+            with torch.inference_mode() if _refreshes_no_buffers(model) else torch.no_grad(), autocast:
                 yield
         finally:
             model.train(was_training)

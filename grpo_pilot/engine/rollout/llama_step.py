@@ -74,12 +74,18 @@ def unsupported_reason(model: Any) -> str | None:
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         return "sharded (DTensor) parameters: FSDP gathers them in module hooks this step would bypass"
     decoder = getattr(model, "model", None)
-    if decoder is None or not all(hasattr(decoder, a) for a in ("embed_tokens", "rotary_emb", "layers", "norm")) or not hasattr(model, "lm_head"):
+    if (
+        decoder is None
+        or not all(hasattr(decoder, a) for a in ("embed_tokens", "rotary_emb", "layers", "norm"))
+        or not hasattr(model, "lm_head")
+    ):
         return "not the embed_tokens / rotary_emb / layers / norm / lm_head layout"
     for layer in decoder.layers:
         if not all(hasattr(layer, a) for a in _LAYER_PARTS):
             return "a decoder layer without the Llama layout"
-        if not all(hasattr(layer.self_attn, a) for a in _ATTN_PARTS) or not all(hasattr(layer.mlp, a) for a in _MLP_PARTS):
+        if not all(hasattr(layer.self_attn, a) for a in _ATTN_PARTS) or not all(
+            hasattr(layer.mlp, a) for a in _MLP_PARTS
+        ):
             return "an attention or MLP block without the Llama layout"
     return None
 
@@ -95,7 +101,12 @@ def _norm_args(norm: Any) -> tuple[tuple[int, ...], Tensor, float]:
 def _rms_norm(norm: Any, x: Tensor) -> Tensor:
     """`norm(x)`; for fp32 `x` and weight as one `F.rms_norm` call (the same arithmetic, one kernel on CUDA)."""
     weight = getattr(norm, "weight", None)
-    if x.dtype != torch.float32 or weight is None or weight.dtype != torch.float32 or getattr(norm, "variance_epsilon", None) is None:
+    if (
+        x.dtype != torch.float32
+        or weight is None
+        or weight.dtype != torch.float32
+        or getattr(norm, "variance_epsilon", None) is None
+    ):
         return norm(x)
     return F.rms_norm(x, weight.shape, weight, norm.variance_epsilon)
 
@@ -163,19 +174,28 @@ class LlamaDecodeStep:
         embed = self.decoder.embed_tokens.weight
         self.table: Tensor | None = None
         if getattr(self.decoder.rotary_emb, "rope_type", None) == "default":
-            cos, sin = self.decoder.rotary_emb(embed, torch.arange(total, device=embed.device)[None])  # [1, total, D] each
+            cos, sin = self.decoder.rotary_emb(
+                embed, torch.arange(total, device=embed.device)[None]
+            )  # [1, total, D] each
             self.table = torch.cat((cos[0], self._signed(sin[0])), dim=-1)  # [total, 2D]: cos | sin±
-        self.lean = all(p.dtype == torch.float32 for p in model.parameters()) and self.keys[0].dtype == torch.float32 \
+        self.lean = (
+            all(p.dtype == torch.float32 for p in model.parameters())
+            and self.keys[0].dtype == torch.float32
             and not torch.is_autocast_enabled(embed.device.type)
+        )
         self.lean_layers: list[_LeanLayer] = []
         if self.lean:
             try:
-                self.lean_layers = [_LeanLayer(layer, self.num_heads, self.num_kv_heads, self.head_dim) for layer in self.layers]
+                self.lean_layers = [
+                    _LeanLayer(layer, self.num_heads, self.num_kv_heads, self.head_dim) for layer in self.layers
+                ]
                 self.final_norm = _norm_args(self.decoder.norm)
             except ValueError:  # norms of another kind: the modules variant calls them as they are
                 self.lean = False
         if self.lean:  # additive mask, one row per (row, kv head) of the batched matmul: B·kv_heads·total·4 bytes
-            bias = torch.zeros((batch, total), dtype=torch.float32, device=embed.device).masked_fill_(~key_mask, float("-inf"))
+            bias = torch.zeros((batch, total), dtype=torch.float32, device=embed.device).masked_fill_(
+                ~key_mask, float("-inf")
+            )
             self.mask = bias.repeat_interleave(self.num_kv_heads, dim=0)[:, None, :]
         else:
             self.mask = key_mask[:, None, None, :]  # SDPA's boolean mask [B, 1, 1, total]
@@ -231,8 +251,12 @@ class LlamaDecodeStep:
             keys[:, :, slot] = qk[:, heads:]
             values[:, :, slot] = _linear(x, *lay.v).view(batch, kv_heads, dim)
             # [B·kv_heads, group, D] @ [B·kv_heads, D, end]: each KV head's group of query heads (repeat_kv's order)
-            scores = torch.baddbmm(mask, qk[:, :heads].reshape(batch * kv_heads, heads // kv_heads, dim),
-                                   keys[:, :, :end].view(batch * kv_heads, end, dim).transpose(1, 2), alpha=lay.scaling)
+            scores = torch.baddbmm(
+                mask,
+                qk[:, :heads].reshape(batch * kv_heads, heads // kv_heads, dim),
+                keys[:, :, :end].view(batch * kv_heads, end, dim).transpose(1, 2),
+                alpha=lay.scaling,
+            )
             o = torch.bmm(torch.softmax(scores, dim=-1), values[:, :, :end].view(batch * kv_heads, end, dim))
             h.addmm_(o.view(batch, heads * dim), lay.o_t)
             if lay.o_bias is not None:
@@ -263,11 +287,21 @@ class LlamaDecodeStep:
             q, k = q * cos + q.roll(dim // 2, -1) * sin, k * cos + k.roll(dim // 2, -1) * sin
             keys[:, :, slot : slot + 1] = k
             values[:, :, slot : slot + 1] = v.transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, keys[:, :, : slot + 1], values[:, :, : slot + 1], attn_mask=mask, scale=attn.scaling,
-                                               enable_gqa=heads != kv_heads)
+            o = F.scaled_dot_product_attention(
+                q,
+                keys[:, :, : slot + 1],
+                values[:, :, : slot + 1],
+                attn_mask=mask,
+                scale=attn.scaling,
+                enable_gqa=heads != kv_heads,
+            )
             h = h + F.linear(o.transpose(1, 2).reshape(batch, 1, -1), attn.o_proj.weight, attn.o_proj.bias)
             x = _rms_norm(layer.post_attention_layernorm, h)
-            h = h + F.linear(mlp.act_fn(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)) * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias),
-                             mlp.down_proj.weight, mlp.down_proj.bias)
+            h = h + F.linear(
+                mlp.act_fn(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
+                * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias),
+                mlp.down_proj.weight,
+                mlp.down_proj.bias,
+            )
         head = self.model.lm_head
         return F.linear(_rms_norm(self.decoder.norm, h), head.weight, head.bias)[:, -1]

@@ -112,7 +112,9 @@ def stale_reports(messages: list[str], param_layer_classes: frozenset[str]) -> l
 
 def _param_layer_classes(vllm_model: torch.nn.Module) -> frozenset[str]:
     """Class names of the vLLM model's modules that own parameters (runs inside the worker)."""
-    return frozenset(type(m).__name__ for m in vllm_model.modules() if next(m.parameters(recurse=False), None) is not None)
+    return frozenset(
+        type(m).__name__ for m in vllm_model.modules() if next(m.parameters(recurse=False), None) is not None
+    )
 
 
 @contextlib.contextmanager
@@ -179,7 +181,11 @@ class VLLMRollout:
                 f"The vllm rollout backend runs in-process with tensor_parallel_size=1; got {tensor_parallel_size}.",
                 "Use rollout_tp=1 (weight sync reaches the model object only when the worker shares this process).",
             )
-        if not 0.0 < gpu_memory_utilization <= 1.0 or max_model_len < 2 or (kv_cache_bytes is not None and kv_cache_bytes < 1):
+        if (
+            not 0.0 < gpu_memory_utilization <= 1.0
+            or max_model_len < 2
+            or (kv_cache_bytes is not None and kv_cache_bytes < 1)
+        ):
             raise InputError(
                 f"Invalid vllm settings: gpu_memory_utilization={gpu_memory_utilization}, max_model_len={max_model_len}, "
                 f"kv_cache_bytes={kv_cache_bytes}.",
@@ -240,7 +246,9 @@ class VLLMRollout:
         if not prompt_ids:
             return []
         if self._asleep:
-            raise RunError("generate() was called on a sleeping vLLM engine.", "Call wake() (then sync_weights) before generate().")
+            raise RunError(
+                "generate() was called on a sleeping vLLM engine.", "Call wake() (then sync_weights) before generate()."
+            )
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -260,7 +268,10 @@ class VLLMRollout:
         ]
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompt_ids]
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        return [finish_completion(out.outputs[0].token_ids, eos_ids=self.eos_ids, sampling=sampling, decode=self._decode) for out in outputs]
+        return [
+            finish_completion(out.outputs[0].token_ids, eos_ids=self.eos_ids, sampling=sampling, decode=self._decode)
+            for out in outputs
+        ]
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Overwrite the engine's weights with `model`'s, check every layer got its weights, drop the prefix cache.
@@ -325,5 +336,7 @@ class VLLMRollout:
 
     def _live(self) -> Any:
         if getattr(self, "_llm", None) is None:
-            raise RunError("The vllm rollout backend was closed.", "Build a new backend with build_rollout('vllm', ...).")
+            raise RunError(
+                "The vllm rollout backend was closed.", "Build a new backend with build_rollout('vllm', ...)."
+            )
         return self._llm

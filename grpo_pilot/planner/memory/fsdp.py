@@ -20,7 +20,9 @@ from __future__ import annotations
 FSDP_PREFETCH_LAYERS = 2  # the unsharded layer + the prefetched all-gather buffer
 
 
-def gathered_layers_bytes(params_per_layer: int, compute_bytes: int, is_cpu: bool, prefetch_layers: int = FSDP_PREFETCH_LAYERS) -> int:
+def gathered_layers_bytes(
+    params_per_layer: int, compute_bytes: int, is_cpu: bool, prefetch_layers: int = FSDP_PREFETCH_LAYERS
+) -> int:
     """Bytes of the all-gathered decoder layer(s) in the compute dtype."""
     return 0 if is_cpu else prefetch_layers * params_per_layer * compute_bytes
 
@@ -40,7 +42,9 @@ def head_grad_bytes(embedding_params: int, lm_head_params: int, compute_bytes: i
     return 0 if is_cpu else (lm_head_params or embedding_params) * compute_bytes
 
 
-def root_grad_bytes(embedding_params: int, lm_head_params: int, compute_bytes: int, reduce_bytes: int, is_cpu: bool) -> tuple[int, int]:
+def root_grad_bytes(
+    embedding_params: int, lm_head_params: int, compute_bytes: int, reduce_bytes: int, is_cpu: bool
+) -> tuple[int, int]:
     """(bf16 root gradients, their fp32 reduce-scatter input) at the root's post-backward."""
     if is_cpu:
         return 0, 0

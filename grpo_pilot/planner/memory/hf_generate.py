@@ -28,7 +28,15 @@ class HfGenerate(NamedTuple):
     sampling_bytes: int
 
 
-def hf_generate_memory(batch_seqs: int, prompt_tokens: int, response_tokens: int, kv_bytes_per_token: int, prefill_bytes_per_token: int, vocab: int, compute_bytes: int) -> HfGenerate:
+def hf_generate_memory(
+    batch_seqs: int,
+    prompt_tokens: int,
+    response_tokens: int,
+    kv_bytes_per_token: int,
+    prefill_bytes_per_token: int,
+    vocab: int,
+    compute_bytes: int,
+) -> HfGenerate:
     """Memory of one HF `generate` call over `batch_seqs` sequences on one GPU."""
     tokens = batch_seqs * (prompt_tokens + response_tokens)
     return HfGenerate(

@@ -65,7 +65,17 @@ def _trl_bytes(tokens: int, vocab: int, hidden: int, c: int, training: bool) -> 
     return tile + stats + weight_chunk + FP32 * vocab * hidden + FP32 * tokens * hidden
 
 
-def logprob_logits_bytes(tokens: int, vocab: int, hidden: int, compute_bytes: int, target: str, *, training: bool, fused: bool, entropy: str = "none") -> int:
+def logprob_logits_bytes(
+    tokens: int,
+    vocab: int,
+    hidden: int,
+    compute_bytes: int,
+    target: str,
+    *,
+    training: bool,
+    fused: bool,
+    entropy: str = "none",
+) -> int:
     """Peak bytes of the log-prob (and entropy) computation for `tokens` scored positions on one rank."""
     if entropy not in ENTROPY_MODES:
         raise ValueError(f"entropy must be one of {ENTROPY_MODES}, got {entropy!r}")

@@ -24,8 +24,15 @@ set; the items of the winning moment are the ones that are live at the phase's p
 from __future__ import annotations
 
 UPDATE_ITEMS = (
-    "root_embed_lm_head", "gathered_layers", "activations", "recompute_activations", "logits",
-    "layer_backward_temporaries", "unsharded_grads", "root_reduce_scatter", "ulysses_all_to_all",
+    "root_embed_lm_head",
+    "gathered_layers",
+    "activations",
+    "recompute_activations",
+    "logits",
+    "layer_backward_temporaries",
+    "unsharded_grads",
+    "root_reduce_scatter",
+    "ulysses_all_to_all",
     "optimizer_step_temporaries",
 )
 LOG_PROB_ITEMS = ("root_embed_lm_head", "gathered_layers", "activations", "logits", "ulysses_all_to_all")
@@ -53,22 +60,39 @@ def update_peak_items(
     optimizer_step: int,
 ) -> dict[str, int]:
     """Working-set items at the update's peak moment (see module docstring)."""
-    logits_moment = {"root_embed_lm_head": root_gathered, "activations": saved_activations, "logits": logits, "ulysses_all_to_all": all_to_all}
+    logits_moment = {
+        "root_embed_lm_head": root_gathered,
+        "activations": saved_activations,
+        "logits": logits,
+        "ulysses_all_to_all": all_to_all,
+    }
     layer_moment = {
-        "root_embed_lm_head": root_gathered, "gathered_layers": gathered_layers, "activations": saved_activations,
-        "recompute_activations": recompute_activations, "layer_backward_temporaries": layer_backward_temporaries,
-        "unsharded_grads": head_grad + layer_reduce_scatter, "ulysses_all_to_all": all_to_all,
+        "root_embed_lm_head": root_gathered,
+        "gathered_layers": gathered_layers,
+        "activations": saved_activations,
+        "recompute_activations": recompute_activations,
+        "layer_backward_temporaries": layer_backward_temporaries,
+        "unsharded_grads": head_grad + layer_reduce_scatter,
+        "ulysses_all_to_all": all_to_all,
     }
     root_moment = {
         "root_embed_lm_head": root_gathered if root_tied else 0,
-        "unsharded_grads": root_grads, "root_reduce_scatter": root_reduce_scatter,
+        "unsharded_grads": root_grads,
+        "root_reduce_scatter": root_reduce_scatter,
     }
     step_moment = {"optimizer_step_temporaries": optimizer_step}
     return _largest([logits_moment, layer_moment, root_moment, step_moment], UPDATE_ITEMS)
 
 
-def log_prob_peak_items(*, root_gathered: int, gathered_layers: int, layer_forward: int, head_side: int, logits: int, all_to_all: int) -> dict[str, int]:
+def log_prob_peak_items(
+    *, root_gathered: int, gathered_layers: int, layer_forward: int, head_side: int, logits: int, all_to_all: int
+) -> dict[str, int]:
     """Working-set items at a forward-only pass's peak: inside a layer, or at the logits."""
-    layer_moment = {"root_embed_lm_head": root_gathered, "gathered_layers": gathered_layers, "activations": layer_forward, "ulysses_all_to_all": all_to_all}
+    layer_moment = {
+        "root_embed_lm_head": root_gathered,
+        "gathered_layers": gathered_layers,
+        "activations": layer_forward,
+        "ulysses_all_to_all": all_to_all,
+    }
     logits_moment = {"root_embed_lm_head": root_gathered, "activations": head_side, "logits": logits}
     return _largest([layer_moment, logits_moment], LOG_PROB_ITEMS)

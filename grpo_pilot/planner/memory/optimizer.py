@@ -21,7 +21,9 @@ FOREACH_ADAMW_BYTES_PER_PARAM = 4
 FP32 = 4
 
 
-def adam_step_temporary_bytes(shard_params: int, largest_param_elements: int, optimizer_offload: bool, is_cpu: bool, *, fused: bool = False) -> int:
+def adam_step_temporary_bytes(
+    shard_params: int, largest_param_elements: int, optimizer_offload: bool, is_cpu: bool, *, fused: bool = False
+) -> int:
     """Transient bytes of one AdamW step over a rank's shard (`fused`: the fused kernel, see above)."""
     if optimizer_offload or fused:
         return 0

@@ -25,7 +25,9 @@ def sequences_per_sp_group(num_sequences: int, trainer_gpus: int, ulysses_sp: in
     return _ceil_div(num_sequences, groups)
 
 
-def packed_tokens_per_rank(budget_tokens: int, seq_len_tokens: int, available_sequences: int, ulysses_sp: int, budget_scaled_by_sp: bool) -> int:
+def packed_tokens_per_rank(
+    budget_tokens: int, seq_len_tokens: int, available_sequences: int, ulysses_sp: int, budget_scaled_by_sp: bool
+) -> int:
     """Tokens per rank of one packed micro-batch with a token budget (see module docstring)."""
     group_budget = budget_tokens * ulysses_sp if budget_scaled_by_sp else budget_tokens
     group_tokens = max(group_budget, seq_len_tokens)  # at least one whole sequence
@@ -33,7 +35,9 @@ def packed_tokens_per_rank(budget_tokens: int, seq_len_tokens: int, available_se
     return _ceil_div(group_tokens, ulysses_sp)
 
 
-def padded_tokens_per_rank(micro_batch_seqs: int, seq_len_tokens: int, available_sequences: int, ulysses_sp: int) -> int:
+def padded_tokens_per_rank(
+    micro_batch_seqs: int, seq_len_tokens: int, available_sequences: int, ulysses_sp: int
+) -> int:
     """Tokens per rank of a fixed micro-batch of padded sequences."""
     seqs = min(micro_batch_seqs, available_sequences)
     return _ceil_div(seqs * seq_len_tokens, ulysses_sp)

@@ -48,7 +48,9 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, 
     return len(sizes), (sizes[-1] if sizes else 0)
 
 
-def forward_bytes_per_token(hidden: int, q_dim: int, kv_dim: int, intermediate: int, tensor_parallel: int, compute_bytes: int) -> int:
+def forward_bytes_per_token(
+    hidden: int, q_dim: int, kv_dim: int, intermediate: int, tensor_parallel: int, compute_bytes: int
+) -> int:
     """Transient activation bytes per token of one vLLM decoder layer on one GPU."""
     t = tensor_parallel
     return compute_bytes * (2 * hidden + (2 * q_dim + 2 * kv_dim) // t + 3 * intermediate // t)
