@@ -14,11 +14,10 @@ import os
 from pydantic import Field
 
 from grpo_pilot.models import Frozen
+from grpo_pilot.units import GB, TFLOPS, GiB, MiB
 
-GiB = 1 << 30
-MiB = 1 << 20
-GB = 10**9
-TFLOPS = 10**12
+__all__ = ["CATALOG", "GB", "TFLOPS", "GiB", "MiB", "GPUSpec", "cpu_spec", "lookup_gpu"]
+
 PCIE4_X16 = 32 * GB  # PCIe 4.0 x16, one direction
 PCIE5_X16 = 64 * GB  # PCIe 5.0 x16, one direction
 

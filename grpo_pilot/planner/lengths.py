@@ -1,0 +1,121 @@
+"""Sequence lengths: from what the user knows (maxima, means, a lengths file) to tokens in a batch.
+
+A GRPO step never holds every sequence at its maximum: GSM8K-style data has prompts of ~100 tokens and
+responses of ~150–250 under caps of 512–1024 (verl's reference log, docs/validation.md). Memory and
+time therefore follow the length distribution:
+
+- memory is judged at a high quantile of what one micro-batch holds under the executor's padding
+  (`ExecutorTraits.padding`): the sum of B real lengths when padding is removed (verl
+  `use_remove_padding`), B × the longest when rows are padded to the longest of the micro-batch
+  (our engine's length-sorted rows) or of the generation batch (TRL);
+- time follows the expected lengths (tokens processed = sequences × mean length; attention and
+  KV-cache reads follow the second moment), with the rollout paced by its longest response;
+- the worst case (every sequence at its maximum) is evaluated separately (`Workload.worst_case`).
+
+Quantiles. A sum of B independent lengths with mean μ and standard deviation σ is taken at
+μ·B + z·σ·√B (central limit theorem), z = 3.09 for the 0.999 one-sided normal quantile: a run of a few
+hundred steps forms thousands of micro-batches, and the 0.999 quantile is the one such a run is
+expected to reach. One length (B = 1, or the longest row of a padded micro-batch) is taken at
+μ + z·σ. Both are capped by the maxima, which the data cannot exceed (truncation).
+
+When σ is unknown, the largest σ any distribution on [0, max] with mean μ can have is used
+(Bhatia–Davis inequality: σ² ≤ (max − μ)(μ − 0)), so the quantile is never optimistic for lack of
+data. The prompt and response deviations add linearly (σ_p + σ_r), the bound that holds for any
+correlation between the two (Minkowski's inequality).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from grpo_pilot.planner.config import Workload
+
+MEMORY_QUANTILE = 0.999
+MEMORY_QUANTILE_Z = 3.090  # standard normal one-sided quantile of 0.999
+
+
+class Lengths(NamedTuple):
+    """Resolved length statistics of one workload (tokens)."""
+
+    prompt_max: int
+    response_max: int
+    prompt_mean: float
+    response_mean: float
+    prompt_std: float
+    response_std: float
+    response_tail: int  # longest response one rollout waits for
+
+    @property
+    def seq_max(self) -> int:
+        return self.prompt_max + self.response_max
+
+    @property
+    def seq_mean(self) -> float:
+        return self.prompt_mean + self.response_mean
+
+    @property
+    def seq_std(self) -> float:
+        return self.prompt_std + self.response_std
+
+    @property
+    def response_second_moment(self) -> float:
+        """E[R²] = μ² + σ² of the response length (KV-cache reads and attention grow with it)."""
+        return self.response_mean**2 + self.response_std**2
+
+
+def std_bound(mean: float, max_len: int) -> float:
+    """Largest standard deviation of a length in [0, max_len] with this mean (Bhatia–Davis)."""
+    return math.sqrt(max(0.0, (max_len - mean) * mean))
+
+
+def lengths_of(workload: Workload) -> Lengths:
+    """The workload's length statistics with unknown deviations replaced by their bound."""
+    pm, rm = workload.prompt_mean_tokens, workload.response_mean_tokens
+    ps = workload.prompt_len_std_tokens
+    rs = workload.response_len_std_tokens
+    return Lengths(
+        prompt_max=workload.prompt_len_tokens,
+        response_max=workload.response_len_tokens,
+        prompt_mean=pm,
+        response_mean=rm,
+        prompt_std=std_bound(pm, workload.prompt_len_tokens) if ps is None else ps,
+        response_std=std_bound(rm, workload.response_len_tokens) if rs is None else rs,
+        response_tail=workload.response_tail_tokens or workload.response_len_tokens,
+    )
+
+
+def sum_quantile_tokens(count: int, mean: float, std: float, max_len: int, z: float = MEMORY_QUANTILE_Z) -> int:
+    """Tokens of `count` sequences together at the quantile z: count·μ + z·σ·√count, within
+    [count·μ, count·max]."""
+    if count <= 0:
+        return 0
+    expected = count * mean
+    high = expected + z * std * math.sqrt(count)
+    return int(min(count * max_len, math.ceil(high)))
+
+
+def one_quantile_tokens(mean: float, std: float, max_len: int, z: float = MEMORY_QUANTILE_Z) -> int:
+    """One sequence's tokens at the quantile z, capped by the maximum."""
+    return int(min(max_len, math.ceil(mean + z * std)))
+
+
+def micro_batch_tokens(count: int, lengths: Lengths, padding: str, z: float = MEMORY_QUANTILE_Z) -> int:
+    """Tokens one micro-batch of `count` sequences holds at the memory quantile (see module docstring)."""
+    if padding == "remove":
+        return sum_quantile_tokens(count, lengths.seq_mean, lengths.seq_std, lengths.seq_max, z)
+    return count * one_quantile_tokens(lengths.seq_mean, lengths.seq_std, lengths.seq_max, z)
+
+
+def response_share(lengths: Lengths, z: float = MEMORY_QUANTILE_Z) -> float:
+    """Share of a micro-batch's positions that are response tokens (at the quantile lengths)."""
+    response = one_quantile_tokens(lengths.response_mean, lengths.response_std, lengths.response_max, z)
+    seq = one_quantile_tokens(lengths.seq_mean, lengths.seq_std, lengths.seq_max, z)
+    return min(1.0, response / seq)
+
+
+def tokens_per_sequence_for_time(lengths: Lengths, padding: str) -> float:
+    """Tokens one sequence costs in a forward/backward pass: its real length, except under TRL's
+    batch-max padding, where every row is as long as the longest of its generation batch (the
+    maximum is taken: long generation batches reach it)."""
+    return float(lengths.seq_max) if padding == "batch_max" else lengths.seq_mean
