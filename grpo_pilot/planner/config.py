@@ -18,6 +18,7 @@ from grpo_pilot.planner.traits import traits_for
 Target = Literal["grpo-pilot", "verl", "trl"]
 Placement = Literal["colocated", "split"]
 RolloutBackendName = Literal["vllm", "hf"]
+VllmEngine = Literal["v1", "v0"]
 PhaseName = Literal["rollout", "log_prob", "update", "weight_sync"]
 PHASES: tuple[PhaseName, ...] = ("rollout", "log_prob", "update", "weight_sync")
 
@@ -192,6 +193,12 @@ class Knobs(Frozen):
         default="vllm",
         description="Rollout engine the plan assumes: 'vllm' or 'hf' (batched decode on the HF policy module "
         "itself, no second weight copy).",
+    )
+    vllm_engine: VllmEngine = Field(
+        default="v1",
+        description="vLLM engine generation: 'v1' (vLLM >= 0.8 default) or 'v0' (the legacy engine: vLLM < 0.8, "
+        "VLLM_USE_V1=0, or a backend V1 lacks such as VLLM_ATTENTION_BACKEND=XFORMERS); v0 processes every "
+        "running sequence's output on the CPU each decode step.",
     )
     placement: Placement = Field(
         default="colocated", description="'colocated' (hybrid engine) or 'split' (separate rollout GPUs)."

@@ -85,7 +85,7 @@ def assess(inputs: PlanInputs, knobs: Knobs, structural: tuple[Check, ...] | Non
     spec, cluster, workload = inputs.model.spec, inputs.cluster, inputs.workload
     memory = estimate_memory(spec, cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
     time = estimate_time(
-        spec, cluster, workload, knobs, target=inputs.target, max_concurrent_seqs=max(1, memory.max_concurrent_seqs)
+        spec, cluster, workload, knobs, target=inputs.target, kv_cache_tokens_per_gpu=memory.kv_cache_tokens_per_gpu
     )
     kv_short = knobs.rollout_backend == "vllm" and memory.kv_cache_tokens_per_gpu < workload.seq_len_tokens
     kv_budget = (

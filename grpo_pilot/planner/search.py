@@ -61,6 +61,8 @@ PHASE_GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 # Knobs never searched (Knobs() defaults unless pinned): engine caps and the layout.
 UNSEARCHED: tuple[str, ...] = (
+    "vllm_engine",
+    "log_prob_micro_batch_size_per_gpu",
     "max_num_seqs",
     "max_num_batched_tokens",
     "rollout_backend",

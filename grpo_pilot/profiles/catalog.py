@@ -69,7 +69,9 @@ def all_aliases() -> tuple[str, ...]:
 def _normalise(name: str) -> str:
     key = name.strip().lower().split("/")[-1]
     key = re.sub(r"[\s_]+", "-", key)
-    return key.replace("-instruct", "").replace("-base", "")
+    for suffix in ("-instruct", "-base", "-chat"):  # fine-tuned variants keep the base model's shape
+        key = key.replace(suffix, "")
+    return key
 
 
 @lru_cache(maxsize=None)
