@@ -211,9 +211,7 @@ def memory_context(
     ref = sharded_bytes(model.num_params, prec.ref_bytes, D) if has_ref else 0
     trainer_oh, rollout_oh = _overheads(ov, is_cpu, D > 1, s, lay.split)
 
-    budget = (
-        _budget(model, device, is_cpu, knobs, prec.rollout_bytes, ov) if knobs.rollout_backend == "vllm" else None
-    )
+    budget = _budget(model, device, is_cpu, knobs, prec.rollout_bytes, ov) if knobs.rollout_backend == "vllm" else None
     leftovers: dict[str, int] = {}
     if budget is not None and not lay.split:
         leftovers = {"vllm_non_torch": budget.non_torch_bytes, "vllm_cuda_graphs": budget.cuda_graph_bytes}
@@ -230,7 +228,8 @@ def memory_context(
         return budget_tokens_per_rank(budget_tokens, lengths.seq_max, available, s, scaled)
 
     def fixed(seqs: int, available_seqs: int) -> int:
-        return fixed_tokens_per_rank(micro_batch_tokens(min(seqs, available_seqs), lengths, traits.padding), s)
+        count = min(seqs, available_seqs)
+        return fixed_tokens_per_rank(micro_batch_tokens(count, lengths, traits.padding, available_seqs), s)
 
     if knobs.max_token_len_per_gpu is not None:
         t_upd = packed(knobs.max_token_len_per_gpu, mini_seqs)

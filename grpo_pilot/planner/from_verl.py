@@ -26,7 +26,18 @@ from grpo_pilot.models import Frozen
 from grpo_pilot.planner.shell_words import read_script
 
 ARR = "actor_rollout_ref."
-_OVERRIDE = re.compile(r"^(\+{0,2}|~)([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+)=(.*)$", re.S)
+# Hydra override grammar: key=value, +key=value (add), ++key=value (force), ~key or ~key=value (delete)
+_OVERRIDE = re.compile(r"^(\+{0,2}|~)([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+)(?:=(.*))?$", re.S)
+
+
+def _override(word: str) -> tuple[str, str, str | None] | None:
+    """(prefix, key, value) of a Hydra override word, or None (a deletion may omit the value)."""
+    match = _OVERRIDE.match(word)
+    if not match or (match.group(3) is None and match.group(1) != "~"):
+        return None
+    return match.group(1), match.group(2), match.group(3)
+
+
 # Advantage estimators without a critic (verl core_algos); `gae` trains a value model.
 CRITIC_FREE = (
     "grpo",
@@ -132,13 +143,13 @@ def overrides_from_text(text: str, environment: Mapping[str, str] | None = None)
                     "grpo-plan models verl's FSDP trainer; plan the FSDP equivalent instead.",
                 )
             continue
-        match = _OVERRIDE.match(word)
-        if match:
-            prefix, key, value = match.groups()
+        parsed = _override(word)
+        if parsed:
+            prefix, key, value = parsed
             if prefix == "~":
                 overrides.pop(key, None)
             else:
-                overrides[key] = value
+                overrides[key] = value or ""
         elif launch is not None and not word.startswith("--config-path"):
             notes.append(f"ignored argument '{word}'")
     if not overrides:
@@ -300,13 +311,13 @@ def read_verl(text: str, extra_overrides: list[str] | None = None) -> VerlLaunch
     """`overrides_from_text` + `--override` words on top + `verl_launch`."""
     overrides, env, notes = overrides_from_text(text)
     for word in extra_overrides or []:
-        match = _OVERRIDE.match(word.strip())
-        if not match:
+        parsed = _override(word.strip())
+        if not parsed:
             raise InputError(f"--override '{word}' is not key=value.", "Write e.g. --override trainer.nnodes=2.")
-        prefix, key, value = match.groups()
+        prefix, key, value = parsed
         if prefix == "~":
             overrides.pop(key, None)
         else:
-            overrides[key] = value
+            overrides[key] = value or ""
     launch = verl_launch(overrides, env)
     return launch.model_copy(update={"notes": tuple(notes) + launch.notes})

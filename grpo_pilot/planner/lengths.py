@@ -6,8 +6,9 @@ time therefore follow the length distribution:
 
 - memory is judged at a high quantile of what one micro-batch holds under the executor's padding
   (`ExecutorTraits.padding`): the sum of B real lengths when padding is removed (verl
-  `use_remove_padding`), B × the longest when rows are padded to the longest of the micro-batch
-  (our engine's length-sorted rows) or of the generation batch (TRL);
+  `use_remove_padding`), B × the longest of the rank's sequences when rows are sorted by length and
+  padded to the longest of the micro-batch (our engine), B × the maximum when rows are padded to the longest of a
+  generation batch of hundreds (TRL);
 - time follows the expected lengths (tokens processed = sequences × mean length; attention and
   KV-cache reads follow the second moment), with the rollout paced by its longest response;
 - the worst case (every sequence at its maximum) is evaluated separately (`Workload.worst_case`).
@@ -27,6 +28,7 @@ correlation between the two (Minkowski's inequality).
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import NamedTuple
 
 from grpo_pilot.planner.config import Workload
@@ -100,11 +102,31 @@ def one_quantile_tokens(mean: float, std: float, max_len: int, z: float = MEMORY
     return int(min(max_len, math.ceil(mean + z * std)))
 
 
-def micro_batch_tokens(count: int, lengths: Lengths, padding: str, z: float = MEMORY_QUANTILE_Z) -> int:
-    """Tokens one micro-batch of `count` sequences holds at the memory quantile (see module docstring)."""
+def longest_of_z(count: int, z: float = MEMORY_QUANTILE_Z) -> float:
+    """The per-row normal quantile at which the longest of `count` independent rows reaches the
+    quantile z: P(max ≤ x) = F(x)^count, so F(x) = Φ(z)^(1/count)."""
+    if count <= 1:
+        return z
+    normal = NormalDist()
+    return normal.inv_cdf(normal.cdf(z) ** (1.0 / count))
+
+
+def micro_batch_tokens(
+    count: int, lengths: Lengths, padding: str, pool: int | None = None, z: float = MEMORY_QUANTILE_Z
+) -> int:
+    """Tokens one micro-batch of `count` sequences holds at the memory quantile (see module docstring).
+
+    packed ("remove"): the quantile of the sum of count lengths; rows padded to the longest of their
+    micro-batch after sorting the rank's `pool` sequences by length, longest first ("sorted_rows", our
+    engine's micro_batches.py): the first micro-batch holds the pool's longest rows, count × the quantile
+    of the longest of `pool` rows; rows padded to the longest of a generation batch of hundreds
+    ("batch_max", TRL): count × the maximum."""
     if padding == "remove":
         return sum_quantile_tokens(count, lengths.seq_mean, lengths.seq_std, lengths.seq_max, z)
-    return count * one_quantile_tokens(lengths.seq_mean, lengths.seq_std, lengths.seq_max, z)
+    if padding == "batch_max":
+        return count * lengths.seq_max
+    rows = max(count, pool or count)
+    return count * one_quantile_tokens(lengths.seq_mean, lengths.seq_std, lengths.seq_max, longest_of_z(rows, z))
 
 
 def response_share(lengths: Lengths, z: float = MEMORY_QUANTILE_Z) -> float:

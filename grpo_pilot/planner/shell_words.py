@@ -184,14 +184,21 @@ def _words(line: str, ex: _Expander) -> list[str]:
     """Split one logical line into words: quotes removed, variables expanded, operators as their own words."""
     words: list[str] = []
     cur: list[str] = []
-    have = False  # a word is in progress (even an empty quoted one)
+    have = False  # a word is in progress
+    quoted = False  # it has a quoted part (an empty quoted word is a word; an empty expansion is none)
     i = 0
+
+    def flush() -> None:
+        text = "".join(cur)
+        if text or quoted:
+            words.append(text)
+
     while i < len(line):
         ch = line[i]
         if ch in " \t":
             if have:
-                words.append("".join(cur))
-                cur, have = [], False
+                flush()
+                cur, have, quoted = [], False, False
             i += 1
         elif ch == "#" and not have:
             break
@@ -200,7 +207,7 @@ def _words(line: str, ex: _Expander) -> list[str]:
             if j < 0:
                 raise InputError(f"Unterminated single quote in: {line.strip()[:80]}", "Fix the script's quoting.")
             cur.append(line[i + 1 : j])
-            have, i = True, j + 1
+            have, quoted, i = True, True, j + 1
         elif ch == '"':
             j, buf = i + 1, []
             while j < len(line) and line[j] != '"':
@@ -216,7 +223,7 @@ def _words(line: str, ex: _Expander) -> list[str]:
             if j >= len(line):
                 raise InputError(f"Unterminated double quote in: {line.strip()[:80]}", "Fix the script's quoting.")
             cur.append("".join(buf))
-            have, i = True, j + 1
+            have, quoted, i = True, True, j + 1
         elif ch == "\\" and i + 1 < len(line):
             cur.append(line[i + 1])
             have, i = True, i + 2
@@ -226,8 +233,8 @@ def _words(line: str, ex: _Expander) -> list[str]:
             have = True
         elif ch in ";|&<>":
             if have and not (ch in "<>" and "".join(cur).isdigit()):  # `2>`: the digits name a descriptor
-                words.append("".join(cur))
-            cur, have = [], False
+                flush()
+            cur, have, quoted = [], False, False
             j = i + 1
             while j < len(line) and line[j] in ";|&<>":
                 j += 1
@@ -238,7 +245,7 @@ def _words(line: str, ex: _Expander) -> list[str]:
             have = True
             i += 1
     if have:
-        words.append("".join(cur))
+        flush()
     return words
 
 
