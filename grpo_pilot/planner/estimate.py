@@ -445,7 +445,7 @@ def update_memory(ctx: MemoryContext) -> dict[str, int]:
             largest,
             ctx.o_off and ctx.traits.offload_streams,
             ctx.is_cpu,
-            fused=ctx.is_cpu and ctx.traits.name == "grpo-pilot",  # engine/actor.py: fused AdamW on cpu
+            fused=ctx.is_cpu and ctx.traits.fused_adamw_on_cpu,
         ),
     )
     return finish(ctx, {**resident(ctx, "update"), **work}, ctx.leftovers, ctx.trainer_oh)

@@ -25,7 +25,8 @@ the executor behaviour it stands for and the source where it was read:
 - log_prob_entropy / update_entropy: verl's old-log-prob pass computes entropy as a metric
   (`compute_log_prob(calculate_entropy=True)`), its update only with a bonus; our engine's update
   always computes it as a metric; TRL gets it from its fused head.
-- ref_bytes: reference weights' element size on GPU (precision.py says why).
+- fused_adamw_on_cpu: our engine steps a cpu run with torch's fused AdamW (engine/actor.py: one in-place
+  pass per tensor, no foreach temporaries); verl and TRL use the default (foreach) AdamW.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class ExecutorTraits(NamedTuple):
     masked_rows: bool
     log_prob_entropy: bool  # the old-policy pass computes entropy (no gradient)
     update_entropy_metric: bool  # the update computes entropy even without a bonus
+    fused_adamw_on_cpu: bool = False
 
 
 TRAITS: dict[str, ExecutorTraits] = {
@@ -60,6 +62,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         masked_rows=False,
         log_prob_entropy=False,
         update_entropy_metric=True,
+        fused_adamw_on_cpu=True,
     ),
     "verl": ExecutorTraits(
         name="verl",
