@@ -30,7 +30,7 @@ TARGETS = ("grpo-pilot", "verl", "trl")
 EMITS = ("verl", "trl")
 _NONE_WORDS = {"none", "null", ""}
 # workload flags a launch file sets itself
-_LAUNCH_SETS = ("--prompts-per-step", "--mini-batch", "--n", "--kl/--no-kl", "--pin", "--prompt-len", "--response-len")
+_LAUNCH_SETS = ("--prompts-per-step", "--mini-batch", "--n", "--kl/--no-kl", "--prompt-len", "--response-len")
 
 app = typer.Typer(
     add_completion=False, help="Plan a GRPO run: per-GPU memory by phase, step time, and the knobs that fit."
@@ -123,7 +123,7 @@ def _launch(
         if not gpus:
             raise InputError("--from-trl needs --gpus (a TRL config does not name the GPUs).", "e.g. --gpus 8xH100.")
         cluster = _cluster(gpus, host_bytes)
-        trl = read_trl(read_text(str(from_trl), "TRL config"), cluster.world_size)
+        trl = read_trl(read_text(str(from_trl), "TRL config"), cluster.world_size, overrides, cluster.num_nodes)
         workload_fields, knobs, notes, target = dict(trl.workload), trl.knobs, list(trl.notes), "trl"
         launch_model = trl.model
     # the launch's maxima win over the flag defaults; means, spreads and sources come from the flags
@@ -211,7 +211,11 @@ def main(
         None, "--from-trl", help="Evaluate a TRL GRPOConfig YAML (or an Axolotl GRPO config) exactly as given."
     ),
     override: list[str] = typer.Option(
-        [], "--override", help="With --from-verl: a Hydra override applied after the script (repeatable)."
+        [],
+        "--override",
+        help="With --from-verl: a Hydra override applied after the script (key.path=value, ~key.path), or an "
+        "environment variable set before it (NAME=value, e.g. VLLM_USE_V1=0). With --from-trl: a config key "
+        "(key=value, e.g. num_processes=8). Repeatable.",
     ),
     trials: int = typer.Option(
         0, "--trials", min=0, help=f"Optuna sampler trials before the local refinement (0 = {DEFAULT_TRIALS})."
@@ -242,8 +246,8 @@ def main(
         raise InputError(
             "--emit and --json both want stdout.", "Use --json --out plan.json, then run again with --emit."
         )
-    if override and not from_verl:
-        raise InputError("--override applies to a --from-verl script.", "Use --pin KEY=VALUE for knobs.")
+    if override and not (from_verl or from_trl):
+        raise InputError("--override applies to a --from-verl or --from-trl file.", "Use --pin KEY=VALUE for knobs.")
     length_values = length_fields(
         prompt_len=prompt_len,
         response_len=response_len,
@@ -258,16 +262,19 @@ def main(
     host_bytes = parse_size_bytes(host_ram) if host_ram else None
     notes: list[str] = []
     if launch:
-        values = (prompts_per_step, mini_batch, n, kl, pin or None, prompt_len, response_len)
+        values = (prompts_per_step, mini_batch, n, kl, prompt_len, response_len)
         given = [flag for flag, value in zip(_LAUNCH_SETS, values) if value is not None]
         if given:
             raise InputError(
                 f"{', '.join(given)} conflict with the launch file, which sets them.",
-                "Change the file, or pass --override key=value (verl); lengths' means and spreads may be given.",
+                "Change the file, or pass --override; lengths' means and spreads may be given, and --pin sets "
+                "what a launch file cannot say (e.g. vllm_engine, vllm_memory).",
             )
         model_name, cluster, workload, knobs, notes, launch_target = _launch(
             from_verl, from_trl, override, model, gpus, host_bytes, length_values
         )
+        if pin:  # on top of the launch: what its file cannot express (the vLLM version's behaviour, ...)
+            knobs = Knobs(**{**knobs.model_dump(), **parse_pins(pin)})
         inputs = _inputs(model_name, cluster, workload, target or launch_target, headroom_gib)
         plan, changes = _evaluate_launch(inputs, knobs, trials or DEFAULT_TRIALS, seed)
         notes += changes

@@ -19,6 +19,7 @@ Target = Literal["grpo-pilot", "verl", "trl"]
 Placement = Literal["colocated", "split"]
 RolloutBackendName = Literal["vllm", "hf"]
 VllmEngine = Literal["v1", "v0"]
+VllmMemory = Literal["instance", "device"]
 PhaseName = Literal["rollout", "log_prob", "update", "weight_sync"]
 PHASES: tuple[PhaseName, ...] = ("rollout", "log_prob", "update", "weight_sync")
 
@@ -199,6 +200,12 @@ class Knobs(Frozen):
         description="vLLM engine generation: 'v1' (vLLM >= 0.8 default) or 'v0' (the legacy engine: vLLM < 0.8, "
         "VLLM_USE_V1=0, or a backend V1 lacks such as VLLM_ATTENTION_BACKEND=XFORMERS); v0 processes every "
         "running sequence's output on the CPU each decode step.",
+    )
+    vllm_memory: VllmMemory = Field(
+        default="instance",
+        description="What gpu_memory_utilization × device memory bounds: 'instance' (vLLM >= 0.9: the engine's own "
+        "memory, measured from its start) or 'device' (vLLM <= 0.8, V0 and V1 alike: everything on the GPU when the "
+        "engine profiles, the trainer's resident memory included, so the KV cache gets what is left).",
     )
     placement: Placement = Field(
         default="colocated", description="'colocated' (hybrid engine) or 'split' (separate rollout GPUs)."

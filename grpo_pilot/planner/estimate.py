@@ -146,7 +146,15 @@ class MemoryContext(NamedTuple):
     overheads: Overheads
 
 
-def _budget(model: ModelSpec, device_bytes: int, is_cpu: bool, knobs: Knobs, rollout_bytes: int, ov: Overheads):
+def _budget(
+    model: ModelSpec,
+    device_bytes: int,
+    is_cpu: bool,
+    knobs: Knobs,
+    rollout_bytes: int,
+    ov: Overheads,
+    preexisting_bytes: int = 0,
+):
     return vllm_budget(
         device_bytes,
         knobs.gpu_memory_utilization,
@@ -167,7 +175,21 @@ def _budget(model: ModelSpec, device_bytes: int, is_cpu: bool, knobs: Knobs, rol
         ov.vllm_sampler_bytes_per_vocab_entry,
         ov.vllm_cuda_graph_bytes_per_graph,
         ov.vllm_cuda_graph_modes,
+        preexisting_bytes,
     )
+
+
+def engine_start_resident_bytes(
+    knobs: Knobs, master_bytes: int, param_offload: bool, trainer_overheads: dict[str, int], split: bool
+) -> int:
+    """Trainer memory on a colocated GPU when the vLLM engine profiles (counted against its budget when
+    knobs.vllm_memory == 'device'): the actor's sharded parameters unless offloaded (verl fsdp_workers
+    .init_model builds and, with param_offload, offloads the actor before _build_rollout; optimizer states
+    are created lazily at the first step; the reference model is built after the rollout) and the
+    process's CUDA context, cuBLAS workspace and NCCL buffers."""
+    if knobs.vllm_memory != "device" or split:
+        return 0
+    return (0 if param_offload else master_bytes) + sum(trainer_overheads.values())
 
 
 def _overheads(ov: Overheads, is_cpu: bool, fsdp: bool, sp: int, split: bool) -> tuple[dict[str, int], dict[str, int]]:
@@ -211,7 +233,12 @@ def memory_context(
     ref = sharded_bytes(model.num_params, prec.ref_bytes, D) if has_ref else 0
     trainer_oh, rollout_oh = _overheads(ov, is_cpu, D > 1, s, lay.split)
 
-    budget = _budget(model, device, is_cpu, knobs, prec.rollout_bytes, ov) if knobs.rollout_backend == "vllm" else None
+    preexisting = engine_start_resident_bytes(knobs, master, p_off, trainer_oh, lay.split)
+    budget = (
+        _budget(model, device, is_cpu, knobs, prec.rollout_bytes, ov, preexisting)
+        if knobs.rollout_backend == "vllm"
+        else None
+    )
     leftovers: dict[str, int] = {}
     if budget is not None and not lay.split:
         leftovers = {"vllm_non_torch": budget.non_torch_bytes, "vllm_cuda_graphs": budget.cuda_graph_bytes}
@@ -223,13 +250,16 @@ def memory_context(
     step_seqs = sequences_per_sp_group(workload.prompts_per_step * workload.n, D, s)
     scaled = traits.budget_scaled_by_sp
 
+    population = step_seqs if traits.balances_batch else None
+
     def packed(budget_tokens: int, available_seqs: int) -> int:
-        available = micro_batch_tokens(available_seqs, lengths, "remove")
+        available = micro_batch_tokens(available_seqs, lengths, "remove", population=population)
         return budget_tokens_per_rank(budget_tokens, lengths.seq_max, available, s, scaled)
 
     def fixed(seqs: int, available_seqs: int) -> int:
         count = min(seqs, available_seqs)
-        return fixed_tokens_per_rank(micro_batch_tokens(count, lengths, traits.padding, available_seqs), s)
+        tokens = micro_batch_tokens(count, lengths, traits.padding, available_seqs, population=population)
+        return fixed_tokens_per_rank(tokens, s)
 
     if knobs.max_token_len_per_gpu is not None:
         t_upd = packed(knobs.max_token_len_per_gpu, mini_seqs)
@@ -546,6 +576,6 @@ def rollout_kv_budget_bytes(
         return estimate_memory(
             model, cluster, workload, knobs, target=target, overheads=overheads
         ).kv_cache_bytes_per_gpu
-    prec = precision_for(target, cluster.gpu.is_cpu)
-    device = device_memory_bytes(cluster)
-    return _budget(model, device, cluster.gpu.is_cpu, knobs, prec.rollout_bytes, overheads).kv_signed_bytes
+    budget = memory_context(model, cluster, workload, knobs, target, overheads).budget
+    assert budget is not None  # rollout_backend 'vllm'
+    return budget.kv_signed_bytes

@@ -3,7 +3,7 @@
 TRL counts completions, not prompts (trl 1.16 `GRPOConfig`): one optimizer step takes
 `per_device_train_batch_size × processes × gradient_accumulation_steps` completions, one generation
 batch `per_device_train_batch_size × processes × steps_per_generation` (steps_per_generation defaults to
-gradient_accumulation_steps), so with n = num_generations:
+gradient_accumulation_steps; `generation_batch_size`, when given, is that product), so with n = num_generations:
   mini_batch_prompts = B · P · GA / n,  prompts_per_step = B · P · steps_per_generation / n.
 Rollout: `use_vllm` with `vllm_mode: colocate` shares the training GPUs (vllm_gpu_memory_utilization,
 vllm_tensor_parallel_size); `vllm_mode: server` (and the older `vllm_device`) runs vLLM on the GPUs the
@@ -77,8 +77,11 @@ def _axolotl(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def trl_launch(cfg: Mapping[str, Any], total_gpus: int) -> TrlLaunch:
-    """Map a GRPOConfig / Axolotl mapping on `total_gpus` GPUs (see module docstring)."""
+def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> TrlLaunch:
+    """Map a GRPOConfig / Axolotl mapping on `total_gpus` GPUs over `num_nodes` nodes (see module docstring).
+
+    vLLM server GPUs are planned as an equal share of every node (the planner's split layout); a whole
+    node serving vLLM beside whole training nodes has the same per-GPU memory."""
     if not isinstance(cfg, Mapping):
         raise InputError("The TRL config is not a mapping of settings.", "Pass a GRPOConfig YAML file.")
     notes: list[str] = []
@@ -106,6 +109,15 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int) -> TrlLaunch:
     if processes > total_gpus:
         raise InputError(f"num_processes={processes} exceeds the {total_gpus} GPUs of --gpus.", "Check --gpus.")
     rollout_gpus = total_gpus - processes
+    if cfg.get("generation_batch_size") is not None:
+        generation = _int(cfg["generation_batch_size"], "generation_batch_size")
+        if generation % (micro * processes):
+            raise InputError(
+                f"generation_batch_size={generation} is not a multiple of per_device_train_batch_size × processes "
+                f"= {micro * processes} (TRL requires it).",
+                "Fix the batch settings.",
+            )
+        steps_per_generation = generation // (micro * processes)
     completions_per_step = micro * processes * accum
     if completions_per_step % n or (micro * processes * steps_per_generation) % n:
         raise InputError(
@@ -150,11 +162,16 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int) -> TrlLaunch:
                 f"vLLM server mode needs GPUs besides the {processes} training processes; --gpus has {total_gpus}.",
                 "Set num_processes below the GPU count, or use vllm_mode: colocate.",
             )
+        if rollout_gpus % num_nodes:
+            raise InputError(
+                f"{rollout_gpus} vLLM GPUs do not divide evenly over {num_nodes} nodes.",
+                "Set num_processes (--override num_processes=N) so the vLLM GPUs split evenly across nodes.",
+            )
         util = cfg.get("vllm_gpu_memory_utilization")
         knobs.update(
             rollout_backend="vllm",
             placement="split",
-            split_rollout_gpus_per_node=rollout_gpus,
+            split_rollout_gpus_per_node=rollout_gpus // num_nodes,
             rollout_tp=1,
             gpu_memory_utilization=float(util if util is not None else 0.9),  # trl vllm-serve default
         )
@@ -172,12 +189,22 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int) -> TrlLaunch:
     return TrlLaunch(model=str(model), workload=workload, knobs=knobs, notes=tuple(notes))
 
 
-def read_trl(text: str, total_gpus: int) -> TrlLaunch:
-    """Parse YAML text (PyYAML, imported here) and map it."""
+def read_trl(text: str, total_gpus: int, overrides: list[str] | None = None, num_nodes: int = 1) -> TrlLaunch:
+    """Parse YAML text (PyYAML, imported here), apply `key=value` overrides (values read as YAML, e.g.
+    `num_processes=8` for a config run on another launcher layout), and map it."""
     import yaml
 
     try:
         cfg = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise InputError(f"The TRL config is not valid YAML ({exc}).", "Pass a GRPOConfig YAML file.") from None
-    return trl_launch(cfg or {}, total_gpus)
+    cfg = dict(cfg or {}) if isinstance(cfg, dict) or cfg is None else cfg
+    for word in overrides or []:
+        key, sep, value = word.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--override '{word}' is not key=value.", "Write e.g. --override num_processes=8.")
+        try:
+            cfg[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            cfg[key.strip()] = value
+    return trl_launch(cfg, total_gpus, num_nodes)

@@ -2,7 +2,7 @@
 
 The reverse of `export.verl_overrides`: `grpo-plan --from-verl run.sh` evaluates exactly the
 configuration a verl user already has. The script is read as published (`shell_words.py` expands its
-variables); the words after `verl.trainer.main_ppo` (or any `*main_ppo` entry point) that look like Hydra
+variables); the words after `verl.trainer.main_ppo` (or any `*main_ppo` / `*main_dapo` entry point) that look like Hydra
 overrides (`key=value`, `+key=value`, `++key=value`) are collected, later ones winning as in Hydra, then
 extra overrides (`--override`, like the script's `$@`) on top. A file without such a command is read
 as a plain list of overrides.
@@ -26,6 +26,8 @@ from grpo_pilot.models import Frozen
 from grpo_pilot.planner.shell_words import read_script
 
 ARR = "actor_rollout_ref."
+# verl's PPO entry point and the recipes built on it that take the same Hydra keys (recipe/dapo main_dapo)
+LAUNCH_ENTRY_POINTS = ("main_ppo", "main_dapo")
 # Hydra override grammar: key=value, +key=value (add), ++key=value (force), ~key or ~key=value (delete)
 _OVERRIDE = re.compile(r"^(\+{0,2}|~)([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+)(?:=(.*))?$", re.S)
 
@@ -124,10 +126,10 @@ def overrides_from_text(text: str, environment: Mapping[str, str] | None = None)
     notes: list[str] = []
     env = dict(script.variables)
     words: list[str] = []
-    launch = next((c for c in script.commands if any(w.endswith("main_ppo") for w in c.words)), None)
+    launch = next((c for c in script.commands if any(w.endswith(LAUNCH_ENTRY_POINTS) for w in c.words)), None)
     if launch is not None:
         env.update(launch.env)
-        start = next(i for i, w in enumerate(launch.words) if w.endswith("main_ppo")) + 1
+        start = next(i for i, w in enumerate(launch.words) if w.endswith(LAUNCH_ENTRY_POINTS)) + 1
         words = list(launch.words[start:])
     else:
         words = [w for c in script.commands for w in c.words]
@@ -307,11 +309,22 @@ def verl_launch(overrides: Mapping[str, str], env: Mapping[str, str] | None = No
     )
 
 
+_ENV_WORD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+
+
 def read_verl(text: str, extra_overrides: list[str] | None = None) -> VerlLaunch:
-    """`overrides_from_text` + `--override` words on top + `verl_launch`."""
-    overrides, env, notes = overrides_from_text(text)
-    for word in extra_overrides or []:
-        parsed = _override(word.strip())
+    """`overrides_from_text` + `--override` words on top + `verl_launch`.
+
+    An extra word without a dot, `NAME=value`, is an environment variable set before the script runs
+    (e.g. `VLLM_USE_V1=0` for a run on vLLM < 0.8, whose only engine is V0); the script's own
+    assignments and exports still win, as in bash."""
+    words = [w.strip() for w in extra_overrides or []]
+    environment = {m.group(1): m.group(2) for m in map(_ENV_WORD.match, words) if m}
+    overrides, env, notes = overrides_from_text(text, environment)
+    for word in words:
+        if _ENV_WORD.match(word):
+            continue
+        parsed = _override(word)
         if not parsed:
             raise InputError(f"--override '{word}' is not key=value.", "Write e.g. --override trainer.nnodes=2.")
         prefix, key, value = parsed

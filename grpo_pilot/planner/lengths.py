@@ -87,13 +87,27 @@ def lengths_of(workload: Workload) -> Lengths:
     )
 
 
-def sum_quantile_tokens(count: int, mean: float, std: float, max_len: int, z: float = MEMORY_QUANTILE_Z) -> int:
+def sum_quantile_tokens(
+    count: int,
+    mean: float,
+    std: float,
+    max_len: int,
+    z: float = MEMORY_QUANTILE_Z,
+    population: int | None = None,
+) -> int:
     """Tokens of `count` sequences together at the quantile z: count·μ + z·σ·√count, within
-    [count·μ, count·max]."""
+    [count·μ, count·max]. `population`: the sequences are drawn without replacement from a set of that
+    many whose total is fixed at its mean (verl's balanced partitions), so the deviation of the sum
+    shrinks by the finite-population factor √((N − count)/(N − 1))."""
     if count <= 0:
         return 0
     expected = count * mean
-    high = expected + z * std * math.sqrt(count)
+    spread = std * math.sqrt(count)
+    if population is not None and population > count:
+        spread *= math.sqrt((population - count) / (population - 1))
+    elif population is not None:
+        spread = 0.0  # the whole balanced population: its total is the mean
+    high = expected + z * spread
     return int(min(count * max_len, math.ceil(high)))
 
 
@@ -112,7 +126,12 @@ def longest_of_z(count: int, z: float = MEMORY_QUANTILE_Z) -> float:
 
 
 def micro_batch_tokens(
-    count: int, lengths: Lengths, padding: str, pool: int | None = None, z: float = MEMORY_QUANTILE_Z
+    count: int,
+    lengths: Lengths,
+    padding: str,
+    pool: int | None = None,
+    z: float = MEMORY_QUANTILE_Z,
+    population: int | None = None,
 ) -> int:
     """Tokens one micro-batch of `count` sequences holds at the memory quantile (see module docstring).
 
@@ -120,9 +139,9 @@ def micro_batch_tokens(
     micro-batch after sorting the rank's `pool` sequences by length, longest first ("sorted_rows", our
     engine's micro_batches.py): the first micro-batch holds the pool's longest rows, count × the quantile
     of the longest of `pool` rows; rows padded to the longest of a generation batch of hundreds
-    ("batch_max", TRL): count × the maximum."""
+    ("batch_max", TRL): count × the maximum. `population`: see `sum_quantile_tokens` (packed only)."""
     if padding == "remove":
-        return sum_quantile_tokens(count, lengths.seq_mean, lengths.seq_std, lengths.seq_max, z)
+        return sum_quantile_tokens(count, lengths.seq_mean, lengths.seq_std, lengths.seq_max, z, population)
     if padding == "batch_max":
         return count * lengths.seq_max
     rows = max(count, pool or count)

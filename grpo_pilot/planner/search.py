@@ -63,6 +63,7 @@ PHASE_GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # Knobs never searched (Knobs() defaults unless pinned): engine caps and the layout.
 UNSEARCHED: tuple[str, ...] = (
     "vllm_engine",
+    "vllm_memory",
     "log_prob_micro_batch_size_per_gpu",
     "max_num_seqs",
     "max_num_batched_tokens",

@@ -25,6 +25,10 @@ the executor behaviour it stands for and the source where it was read:
 - log_prob_entropy / update_entropy: verl's old-log-prob pass computes entropy as a metric
   (`compute_log_prob(calculate_entropy=True)`), its update only with a bonus; our engine's update
   always computes it as a metric; TRL gets it from its fused head.
+- balances_batch: verl reorders every step's sequences so that each data-parallel rank holds the same
+  total tokens (trainer.balance_batch, default True: ray_trainer._balance_batch with
+  get_seqlen_balanced_partitions; its logs show global_seqlen/balanced_min == balanced_max), so a
+  micro-batch is a sample from a rank's share whose total is fixed; our engine and TRL do not.
 - fused_adamw_on_cpu: our engine steps a cpu run with torch's fused AdamW (engine/actor.py: one in-place
   pass per tensor, no foreach temporaries); verl and TRL use the default (foreach) AdamW.
 """
@@ -48,6 +52,7 @@ class ExecutorTraits(NamedTuple):
     log_prob_entropy: bool  # the old-policy pass computes entropy (no gradient)
     update_entropy_metric: bool  # the update computes entropy even without a bonus
     fused_adamw_on_cpu: bool = False
+    balances_batch: bool = False
 
 
 TRAITS: dict[str, ExecutorTraits] = {
@@ -75,6 +80,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         masked_rows=False,
         log_prob_entropy=True,
         update_entropy_metric=False,
+        balances_batch=True,
     ),
     "trl": ExecutorTraits(
         name="trl",

@@ -72,3 +72,17 @@ def test_nxcpu_workers_share_the_host_ram_and_shard_like_fsdp(spec_of) -> None:
     r1, r4 = m1.phases["rollout"].items, m4.phases["rollout"].items
     assert r1["gathered_layers"] == 0 and r4["gathered_layers"] == 2 * spec.params_per_layer * 4
     assert m4.host.items["process_rss"] == 4 * m1.host.items["process_rss"]
+
+
+def test_vllm_memory_device_counts_the_trainer_against_the_budget(spec_of, cluster_of) -> None:
+    """vLLM <= 0.8 sizes its KV cache from everything on the GPU at profile time (the actor's sharded
+    parameters and the process overheads included); >= 0.9 from its own memory only."""
+    args = (spec_of("qwen2.5-7b"), cluster_of("4xA6000"), Workload(), Knobs(rollout_tp=2, gpu_memory_utilization=0.6))
+    inst = estimate_memory(*args, target="verl")
+    dev = estimate_memory(*args[:3], args[3].model_copy(update={"vllm_memory": "device"}), target="verl")
+    actor = inst.phases["rollout"].items["actor_params"]
+    trainer_oh = sum(v for k, v in inst.phases["rollout"].items.items() if k.startswith("overhead_"))
+    assert inst.kv_cache_bytes_per_gpu - dev.kv_cache_bytes_per_gpu == actor + trainer_oh
+    assert dev.phases["rollout"].total_bytes < inst.phases["rollout"].total_bytes
+    offloaded = args[3].model_copy(update={"vllm_memory": "device", "param_offload": True})
+    assert estimate_memory(*args[:3], offloaded, target="verl").kv_cache_bytes_per_gpu > dev.kv_cache_bytes_per_gpu

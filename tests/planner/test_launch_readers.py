@@ -181,3 +181,31 @@ def test_trl_bad_batches_are_errors() -> None:
         trl_launch({"model_name_or_path": "m", "use_vllm": True, "num_processes": 2}, 2)
     with pytest.raises(InputError, match="not valid YAML"):
         read_trl("a: [", 1)
+
+
+def test_environment_words_and_dapo_entry_point() -> None:
+    script = "python3 -m recipe.dapo.src.main_dapo algorithm.adv_estimator=grpo actor_rollout_ref.model.path=m \\\n"
+    script += "    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \\\n"
+    script += "    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2\n"
+    launch = read_verl(script, ["VLLM_USE_V1=0", "trainer.nnodes=2"])
+    assert launch.knobs["vllm_engine"] == "v0" and launch.num_nodes == 2
+
+
+def test_trl_generation_batch_size_and_nodes() -> None:
+    cfg = {
+        "model_name_or_path": "m",
+        "use_vllm": True,
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 16,
+        "generation_batch_size": 512,
+        "num_generations": 16,
+        "num_processes": 8,
+    }
+    launch = trl_launch(cfg, total_gpus=16, num_nodes=2)
+    assert launch.workload["prompts_per_step"] == 512 // 16 and launch.workload["mini_batch_prompts"] == 32
+    assert launch.knobs["split_rollout_gpus_per_node"] == 4  # 8 vLLM GPUs, an equal share of each node
+    with pytest.raises(InputError, match="not a multiple"):
+        trl_launch({**cfg, "generation_batch_size": 100}, total_gpus=16, num_nodes=2)
+    with pytest.raises(InputError, match="divide evenly"):
+        trl_launch({**cfg, "num_processes": 9, "generation_batch_size": None}, total_gpus=16, num_nodes=2)
+    assert read_trl("model_name_or_path: m\nuse_vllm: true\n", 16, ["num_processes=8"], 2).knobs["placement"] == "split"

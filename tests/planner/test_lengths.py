@@ -141,3 +141,13 @@ def test_bad_lengths_files_are_input_errors(tmp_path: Path, content: str, expect
         read_lengths_jsonl(path)
     with pytest.raises(InputError, match="No lengths file"):
         read_lengths_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_balanced_partitions_shrink_the_spread_of_a_share() -> None:
+    """verl balances each step's tokens across ranks: a micro-batch drawn from a rank's share varies less
+    (finite-population factor), and the whole share is exactly its mean."""
+    free = sum_quantile_tokens(40, 300.0, 100.0, 1536)
+    balanced = sum_quantile_tokens(40, 300.0, 100.0, 1536, population=160)
+    assert 40 * 300 < balanced < free
+    assert (balanced - 12000) == pytest.approx((free - 12000) * math.sqrt(120 / 159), abs=1)
+    assert sum_quantile_tokens(160, 300.0, 100.0, 1536, population=160) == 160 * 300
