@@ -28,6 +28,7 @@ correlation between the two (Minkowski's inequality).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from statistics import NormalDist
 from typing import NamedTuple
 
@@ -71,6 +72,7 @@ def std_bound(mean: float, max_len: int) -> float:
     return math.sqrt(max(0.0, (max_len - mean) * mean))
 
 
+@lru_cache(maxsize=256)  # a search evaluates one workload thousands of times (Workload is frozen)
 def lengths_of(workload: Workload) -> Lengths:
     """The workload's length statistics with unknown deviations replaced by their bound."""
     pm, rm = workload.prompt_mean_tokens, workload.response_mean_tokens
