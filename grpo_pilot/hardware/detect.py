@@ -32,7 +32,8 @@ def local_cluster(host_ram_bytes_per_node: int | None = None) -> Cluster:
     found = detect_local_cluster()
     if found is None:
         raise InputError(
-            "--gpus local found no CUDA GPU here (torch with CUDA is not importable, or no device matches the catalog).",
+            "--gpus local found no CUDA GPU here "
+            "(torch with CUDA is not importable, or no device matches the catalog).",
             "Name the cluster instead, e.g. --gpus 8xA100-80G, or --gpus 1xcpu for this machine.",
         )
     return (

@@ -100,7 +100,8 @@ def resolve_model(name: str) -> ResolvedModel:
         suggestion = f"Closest: {', '.join(close)}. " if close else ""
         raise InputError(
             f"Unknown model '{name}'.",
-            f"{suggestion}Use a bundled alias (`grpo-plan --list-models`) or a path to an HF model directory or config.json.",
+            f"{suggestion}Use a bundled alias (`grpo-plan --list-models`) or a path to an HF model directory "
+            "or config.json.",
         )
     cfg, spec = _load_bundled(canonical)
     return ResolvedModel(

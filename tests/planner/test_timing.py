@@ -110,8 +110,15 @@ def test_expected_lengths_cost_less_than_the_maximum() -> None:
 def test_v0_engine_pays_per_step_and_per_running_sequence() -> None:
     """V0: 9 ms per decode step + 0.106 ms per running sequence per step (every generated token)."""
     s, c = spec("qwen2.5-0.5b"), parse_cluster("8xA100-80G")
-    w = Workload(prompts_per_step=256, mini_batch_prompts=64, n=2, prompt_len_tokens=512, response_len_tokens=192,
-                 prompt_len_mean_tokens=104, response_len_mean_tokens=145)
+    w = Workload(
+        prompts_per_step=256,
+        mini_batch_prompts=64,
+        n=2,
+        prompt_len_tokens=512,
+        response_len_tokens=192,
+        prompt_len_mean_tokens=104,
+        response_len_mean_tokens=145,
+    )
     v1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), 10**9)
     v0 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1, vllm_engine="v0"), 10**9)
     generated = v1.seqs_per_replica * 145
