@@ -19,7 +19,7 @@ import time
 
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner.config import Knobs, Workload
-from grpo_pilot.planner.traced import TracedComparison, compare_with_analytic
+from grpo_pilot.verify.compare import TracedComparison, compare_with_analytic
 from grpo_pilot.profiles.catalog import resolve_model
 
 GiB = 1 << 30
@@ -56,12 +56,12 @@ def print_case(c: TracedComparison, ckpt: bool, budget: int | None) -> None:
     )
     print(f"  {'row':34s} {'analytic GiB':>13s} {'traced GiB':>11s} {'diff GiB':>9s}")
     for r in c.rows:
-        print(
-            f"  {r.row:34s} {r.analytic_bytes / GiB:13.3f} {r.traced_bytes / GiB:11.3f} {(r.analytic_bytes - r.traced_bytes) / GiB:9.3f}"
-        )
+        diff = (r.analytic_bytes - r.traced_bytes) / GiB
+        print(f"  {r.row:34s} {r.analytic_bytes / GiB:13.3f} {r.traced_bytes / GiB:11.3f} {diff:9.3f}")
     print(
         f"  {'total (tensors)':34s} {c.analytic_traceable_bytes / GiB:13.3f} {c.traced_peak_bytes / GiB:11.3f} "
-        f"{(c.analytic_traceable_bytes - c.traced_peak_bytes) / GiB:9.3f}   analytic/traced − 1 = {c.relative_error:+.1%}"
+        f"{(c.analytic_traceable_bytes - c.traced_peak_bytes) / GiB:9.3f}   "
+        f"analytic/traced − 1 = {c.relative_error:+.1%}"
     )
     print(
         f"  {'not traced (analytic only)':34s} {sum(c.not_traced.values()) / GiB:13.3f}   "
@@ -82,11 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         summary.append((comp, ckpt))
         sys.stdout.flush()
     print(
-        f"\n{'model':16s} {'tokens':>7s} {'ckpt':>5s} {'analytic GiB':>13s} {'traced GiB':>11s} {'rel. error':>10s} {'trace s':>8s}"
+        f"\n{'model':16s} {'tokens':>7s} {'ckpt':>5s} {'analytic GiB':>13s} {'traced GiB':>11s} "
+        f"{'rel. error':>10s} {'trace s':>8s}"
     )
     for comp, ckpt in summary:
         print(
-            f"{comp.model_name:16s} {comp.tokens_per_micro_batch:7d} {'on' if ckpt else 'off':>5s} {comp.analytic_traceable_bytes / GiB:13.2f} "
+            f"{comp.model_name:16s} {comp.tokens_per_micro_batch:7d} {'on' if ckpt else 'off':>5s} "
+            f"{comp.analytic_traceable_bytes / GiB:13.2f} "
             f"{comp.traced_peak_bytes / GiB:11.2f} {comp.relative_error:+10.1%} {comp.traced.trace_s:8.1f}"
         )
     print(f"total wall time {time.perf_counter() - started:.0f} s")

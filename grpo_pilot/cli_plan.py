@@ -1,10 +1,10 @@
 """`grpo-plan`: does a GRPO run fit, with which knobs, and how fast will a step be?
 
-Flow: parse flags → resolve model and cluster → search (or evaluate the fully pinned knobs) →
-print rich tables (or only the plan JSON with --json) → write plan.json atomically (--out) →
+Flow: parse flags → resolve model, cluster and workload (lengths from flags, a lengths file or a
+dataset) → search (or evaluate the fully pinned knobs, or a verl / TRL launch as given) → print rich
+tables (cli_plan_render.py) or only the plan JSON with --json → write plan.json atomically (--out) →
 optionally print the verl command or TRL config (--emit). Does not fit → exit 3 with the binding
 constraint and suggestions on stderr (--json still prints the evaluated plan); bad input → exit 2.
-GiB appear only in what this module prints; everything it receives is in bytes.
 """
 
 from __future__ import annotations
@@ -14,20 +14,23 @@ from typing import Any, Optional
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
 
 from grpo_pilot.cli import handle_errors
+from grpo_pilot.cli_plan_inputs import launch_cluster, length_fields, make_workload, read_text
+from grpo_pilot.cli_plan_render import list_models, render
 from grpo_pilot.errors import InfeasibleError, InputError
-from grpo_pilot.hardware.cluster import parse_cluster, parse_size_bytes
-from grpo_pilot.hardware.gpus import GiB
-from grpo_pilot.planner.config import KNOB_KEYS, PHASES, Knobs, Workload
+from grpo_pilot.hardware.cluster import Cluster, parse_cluster, parse_size_bytes
+from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
 from grpo_pilot.planner.plan import Plan, save_plan
 from grpo_pilot.planner.search import DEFAULT_TRIALS
-from grpo_pilot.profiles.catalog import SHORT_ALIASES, all_aliases, resolve_model
+from grpo_pilot.profiles.catalog import resolve_model
+from grpo_pilot.units import GiB
 
 TARGETS = ("grpo-pilot", "verl", "trl")
 EMITS = ("verl", "trl")
 _NONE_WORDS = {"none", "null", ""}
+# workload flags a launch file sets itself
+_LAUNCH_SETS = ("--prompts-per-step", "--mini-batch", "--n", "--kl/--no-kl", "--prompt-len", "--response-len")
 
 app = typer.Typer(
     add_completion=False, help="Plan a GRPO run: per-GPU memory by phase, step time, and the knobs that fit."
@@ -51,169 +54,96 @@ def parse_pins(texts: list[str]) -> dict[str, Any]:
     try:
         Knobs(**pins)
     except ValidationError as exc:
-        raise InputError(f"The pinned knobs do not combine: {exc.errors()[0]['msg']}.", f"Knob keys: {keys}.") from None
+        msg = exc.errors()[0]["msg"]
+        raise InputError(f"The pinned knobs do not combine: {msg}.", f"Knob keys: {keys}.") from None
     return pins
 
 
-def _workload(**fields: Any) -> Workload:
-    try:
-        return Workload(**fields)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "workload"
-        raise InputError(
-            f"Bad workload ({where}): {first['msg']}.",
-            "Check --prompts-per-step, --mini-batch, --n, --prompt-len, --response-len.",
-        ) from None
-
-
-def _gib(n: int | float) -> str:
-    return f"{n / GiB:.2f}"
-
-
-def _mem_unit(largest_bytes: int) -> tuple[str, int]:
-    """GiB for real models; MiB when every number of a table is below 1 GiB (tiny CPU models)."""
-    return ("GiB", GiB) if largest_bytes >= GiB else ("MiB", 1 << 20)
-
-
-def _in(n: int | float, unit: tuple[str, int]) -> str:
-    return f"{n / unit[1]:,.2f}"
-
-
-def _count(n: int) -> str:
-    """Parameter count with a readable suffix (32.76B, 494.03M, 138.18K)."""
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.2f}{suffix}"
-    return str(n)
-
-
-def _secs(s: float) -> str:
-    """Seconds with enough digits to be read at any scale."""
-    return f"{s:,.0f}" if s >= 100 else f"{s:.2f}" if s >= 1 else f"{s:.4f}"
-
-
-def list_models(console: Console) -> None:
-    table = Table(title="bundled models (grpo-plan --model NAME, or a path to an HF config.json)")
-    for col in ("name", "resolves to", "hub id", "params"):
-        table.add_column(col)
-    for name in all_aliases():
-        r = resolve_model(name)
-        table.add_row(name, r.resolved if name in SHORT_ALIASES else "", r.hub_id or "", _count(r.spec.num_params))
-    console.print(table)
-
-
-def render(plan: Plan, console: Console, pins: dict[str, Any]) -> None:
-    """The human view: header, knobs, memory by phase and item, host RAM, step time."""
-    m, c = plan.model, plan.cluster
-    alias = f"'{m.requested}' resolved to {m.resolved}" + (f" ({m.hub_id})" if m.hub_id else "")
-    console.print(
-        f"[bold]{alias}[/bold], {_count(m.spec.num_params)} params · {c.label()} "
-        f"({c.world_size} × {c.gpu.name}, {_gib(c.gpu.memory_bytes)} GiB each, {_gib(plan.usable_gpu_bytes)} GiB usable) · "
-        f"target {plan.target}"
-    )
-    w = plan.workload
-    console.print(
-        f"workload: {w.prompts_per_step} prompts/step × n={w.n}, mini-batch {w.mini_batch_prompts}, "
-        f"prompt {w.prompt_len_tokens} + response {w.response_len_tokens} tokens, KL loss {'on' if w.use_kl_loss else 'off'}"
-    )
-    p = plan.provenance
-    how = (
-        f"search: {p.search_trials} Optuna trials ({p.feasible_trials} feasible) + {p.refine_evaluations} refinement evaluations, seed {p.search_seed}"
-        if p.search_trials
-        else "every searched knob pinned: evaluated as given"
-    )
-    verdict = "[green]FITS[/green]" if plan.fits else "[red]DOES NOT FIT[/red]"
-    console.print(
-        f"{verdict} · peak {_gib(plan.peak_gpu_bytes)} of {_gib(plan.usable_gpu_bytes)} GiB usable · "
-        f"binding: {plan.binding_constraint or '—'} · {how}"
-    )
-
-    defaults = Knobs()
-    knobs = Table(title="knobs")
-    for col in ("knob", "value", "verl default", "source"):
-        knobs.add_column(col)
-    for key in KNOB_KEYS:
-        value, default = getattr(plan.knobs, key), getattr(defaults, key)
-        source = "pinned" if key in pins else ("" if value == default else "searched")
-        knobs.add_row(key, str(value), str(default), source)
-    console.print(knobs)
-
-    unit = _mem_unit(max(plan.phases[ph].total_bytes for ph in PHASES))
-    mem = Table(
-        title=f"{'CPU' if c.gpu.is_cpu else 'GPU'} memory per phase ({unit[0]}, one {'process' if c.gpu.is_cpu else 'GPU'})"
-    )
-    mem.add_column("item")
-    for phase in PHASES:
-        mem.add_column(phase, justify="right")
-    names: list[str] = []
-    for phase in PHASES:
-        names += [n for n in plan.phases[phase].items if n not in names]
-    for name in sorted(names, key=lambda n: (n.startswith("overhead_"), names.index(n))):
-        cells = [plan.phases[ph].items.get(name) for ph in PHASES]
-        if any(cells):
-            mem.add_row(name, *[_in(v, unit) if v else "" for v in cells])
-    mem.add_section()
-    mem.add_row("[bold]total[/bold]", *[f"[bold]{_in(plan.phases[ph].total_bytes, unit)}[/bold]" for ph in PHASES])
-    mem.add_row("usable", *[_in(plan.usable_gpu_bytes, unit)] * len(PHASES))
-    mem.add_row("share of usable", *[f"{plan.phases[ph].total_bytes / plan.usable_gpu_bytes:.0%}" for ph in PHASES])
-    console.print(mem)
-
-    host_unit = _mem_unit(plan.host.total_bytes)
-    host = Table(title=f"host RAM per node ({host_unit[0]}, of {_gib(plan.host_ram_bytes_per_node)} GiB)")
-    host.add_column("item")
-    host.add_column(host_unit[0], justify="right")
-    for name, value in plan.host.items.items():
-        if value:
-            host.add_row(name, _in(value, host_unit))
-    host.add_section()
-    host.add_row("[bold]total[/bold]", f"[bold]{_in(plan.host.total_bytes, host_unit)}[/bold]")
-    console.print(host)
-
-    time = Table(title="step time (roofline)")
-    time.add_column("phase")
-    time.add_column("seconds", justify="right")
-    time.add_column("share", justify="right")
-    for phase in PHASES:
-        s = plan.phase_times_s[phase]
-        time.add_row(phase, _secs(s), f"{s / plan.predicted_step_s:.0%}" if plan.predicted_step_s else "")
-    time.add_section()
-    time.add_row("[bold]step[/bold]", f"[bold]{_secs(plan.predicted_step_s)}[/bold]", "")
-    console.print(time)
-    console.print(
-        f"throughput {plan.tokens_per_s:,.0f} tokens/s (cluster) · MFU {plan.mfu:.1%} · "
-        f"KV cache {plan.kv_cache_tokens_per_gpu:,} tokens/GPU · {plan.max_concurrent_seqs} concurrent sequences per replica"
-    )
-    for v in plan.violations:
-        console.print(f"[red]violation:[/red] {v}")
-    for s in plan.suggestions:
-        console.print(f"[yellow]suggestion:[/yellow] {s}")
-
-
-def _plan(
-    model: str,
-    gpus: str,
-    host_ram: Optional[str],
-    target: str,
-    workload: Workload,
-    pins: dict[str, Any],
-    trials: int,
-    seed: int,
-) -> Plan:
-    """Resolve inputs, search, and return the plan (suggestions attached when it does not fit)."""
-    from grpo_pilot.planner.evaluate import PlanInputs, model_ref
-    from grpo_pilot.planner.make_plan import make_plan
-
-    resolved = resolve_model(model)
-    host_bytes = parse_size_bytes(host_ram) if host_ram else None
+def _cluster(gpus: str, host_bytes: int | None) -> Cluster:
     if gpus.strip().lower() == "local":
         from grpo_pilot.hardware.detect import local_cluster  # imports torch, only on this path
 
-        cluster = local_cluster(host_bytes)
+        return local_cluster(host_bytes)
+    return parse_cluster(gpus, host_bytes)
+
+
+def _inputs(model: str, cluster: Cluster, workload: Workload, target: str, headroom_gib: float | None):
+    from grpo_pilot.planner.evaluate import PlanInputs, model_ref
+
+    resolved = resolve_model(model)
+    headroom = None if headroom_gib is None else int(headroom_gib * GiB)
+    return PlanInputs(
+        model=model_ref(resolved), cluster=cluster, workload=workload, target=target, headroom_bytes=headroom
+    )  # type: ignore[arg-type]
+
+
+def _evaluate_launch(inputs: Any, knobs: Knobs, trials: int, seed: int) -> tuple[Plan, list[str]]:
+    """A launch evaluated exactly as given; when it does not fit, the suggestions and what a search of the
+    same job on the same cluster would change (as verl overrides for a verl target)."""
+    from grpo_pilot.planner.evaluate import assess, to_plan
+    from grpo_pilot.planner.export import verl_overrides
+    from grpo_pilot.planner.make_plan import make_plan
+    from grpo_pilot.planner.suggest import suggest
+
+    a = assess(inputs, knobs)
+    if a.fits:
+        return to_plan(inputs, a), []
+    plan = to_plan(inputs, a, suggestions=suggest(inputs, a, {}))
+    searched = make_plan(inputs, pins={}, trials=trials, seed=seed)
+    if not searched.fits:
+        return plan, []
+    before, after = dict(verl_overrides(plan)), dict(verl_overrides(searched))
+    changes = [f"{k}: {before.get(k)} → {v}" for k, v in after.items() if before.get(k) != v and k.startswith("actor")]
+    lines = [f"a searched configuration fits (predicted {searched.predicted_step_s:.0f} s/step); change:"] + changes
+    return plan, lines
+
+
+def _launch(
+    from_verl: str | None,
+    from_trl: str | None,
+    overrides: list[str],
+    model: str | None,
+    gpus: str | None,
+    host_bytes: int | None,
+    lengths: dict[str, Any],
+) -> tuple[str, Cluster, Workload, Knobs, list[str], str]:
+    """(model, cluster, workload, knobs, notes, target) of a verl script or a TRL config."""
+    if from_verl:
+        from grpo_pilot.planner.from_verl import read_verl
+
+        launch = read_verl(read_text(from_verl, "verl launch script"), overrides)
+        cluster = launch_cluster(gpus, launch.num_nodes, launch.gpus_per_node, host_bytes)
+        workload_fields, knobs, notes, target = dict(launch.workload), launch.knobs, list(launch.notes), "verl"
+        launch_model = launch.model
+        if not launch.remove_padding:
+            lengths = {k: v for k, v in lengths.items() if k in ("prompt_len_tokens", "response_len_tokens")}
     else:
-        cluster = parse_cluster(gpus, host_bytes)
-    inputs = PlanInputs(model=model_ref(resolved), cluster=cluster, workload=workload, target=target)  # type: ignore[arg-type]
-    return make_plan(inputs, pins=pins, trials=trials, seed=seed)
+        from grpo_pilot.planner.from_trl import read_trl
+
+        if not gpus:
+            raise InputError("--from-trl needs --gpus (a TRL config does not name the GPUs).", "e.g. --gpus 8xH100.")
+        cluster = _cluster(gpus, host_bytes)
+        trl = read_trl(read_text(str(from_trl), "TRL config"), cluster.world_size, overrides, cluster.num_nodes)
+        workload_fields, knobs, notes, target = dict(trl.workload), trl.knobs, list(trl.notes), "trl"
+        launch_model = trl.model
+    # the launch's maxima win over the flag defaults; means, spreads and sources come from the flags
+    for key, value in lengths.items():
+        if key not in ("prompt_len_tokens", "response_len_tokens"):
+            workload_fields[key] = value
+    workload = make_workload(**workload_fields)
+    try:
+        knob_values = Knobs(**{**Knobs().model_dump(), **knobs})
+    except ValidationError as exc:
+        raise InputError(f"The launch's settings are not a valid plan: {exc.errors()[0]['msg']}.", "") from None
+    chosen = model or launch_model
+    try:
+        resolve_model(chosen)
+    except InputError:
+        raise InputError(
+            f"The launch trains '{launch_model}', which is neither a bundled model nor a local config.",
+            "Pass --model with a bundled alias of the same architecture or a path to its config.json.",
+        ) from None
+    return chosen, cluster, workload, knob_values, notes, target
 
 
 @app.command()
@@ -223,37 +153,72 @@ def main(
         None,
         "--model",
         "-m",
-        help="Bundled alias (qwen-32b, llama-8b, ...), hub id of a bundled model, or a path to an HF config.json / model dir.",
+        help="Bundled alias (qwen-32b, llama-8b, ...), hub id of a bundled model, or a path to an HF config.json "
+        "/ model dir.",
     ),
     gpus: Optional[str] = typer.Option(
         None,
         "--gpus",
         "-g",
-        help="Cluster: 8xA100-80G, 8xH100, 2x8xH100-80G, 16xH20, 1xcpu, or 'local' (detect this node's GPUs).",
+        help="Cluster: 8xA100-80G, 8xH100, 2x8xH100-80G, 16xH20, 1xcpu, or 'local'. With --from-verl the GPU name "
+        "alone (H800): the script gives the counts.",
     ),
-    host_ram: Optional[str] = typer.Option(
-        None, "--host-ram", help="Host RAM per node, e.g. 1TiB, 512GiB (default 1 TiB)."
-    ),
+    host_ram: Optional[str] = typer.Option(None, "--host-ram", help="Host RAM per node, e.g. 1TiB, 512GiB (1 TiB)."),
     target: Optional[str] = typer.Option(
         None,
         "--target",
-        help="Executor the estimate models: grpo-pilot, verl or trl (default: the --emit framework, else grpo-pilot).",
+        help="Executor the estimate models: grpo-pilot, verl or trl (default: the --emit framework or the launch "
+        "file's, else grpo-pilot).",
     ),
-    prompts_per_step: int = typer.Option(
-        1024, "--prompts-per-step", min=1, help="Prompts per step (verl data.train_batch_size)."
+    prompts_per_step: Optional[int] = typer.Option(
+        None, "--prompts-per-step", min=1, help="Prompts per step (verl data.train_batch_size; 1024)."
     ),
-    mini_batch: int = typer.Option(
-        256, "--mini-batch", min=1, help="Prompts per PPO mini-batch (one optimizer step each)."
+    mini_batch: Optional[int] = typer.Option(
+        None, "--mini-batch", min=1, help="Prompts per PPO mini-batch, one optimizer step each (256)."
     ),
-    n: int = typer.Option(5, "--n", min=1, help="Responses per prompt (group size)."),
-    prompt_len: int = typer.Option(512, "--prompt-len", min=1, help="Longest prompt, tokens."),
-    response_len: int = typer.Option(1024, "--response-len", min=1, help="Longest response, tokens."),
-    kl: bool = typer.Option(True, "--kl/--no-kl", help="KL loss against a frozen reference model."),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="Responses per prompt (group size; 5)."),
+    prompt_len: Optional[int] = typer.Option(None, "--prompt-len", min=1, help="Longest prompt, tokens (512)."),
+    response_len: Optional[int] = typer.Option(None, "--response-len", min=1, help="Longest response, tokens (1024)."),
+    prompt_len_mean: Optional[float] = typer.Option(
+        None, "--prompt-len-mean", min=1, help="Mean prompt length, tokens (default: the maximum)."
+    ),
+    response_len_mean: Optional[float] = typer.Option(
+        None, "--response-len-mean", min=1, help="Mean response length, tokens (default: the maximum)."
+    ),
+    prompt_len_std: Optional[float] = typer.Option(
+        None, "--prompt-len-std", min=0, help="Standard deviation of prompt lengths (default: bounded from mean/max)."
+    ),
+    response_len_std: Optional[float] = typer.Option(
+        None, "--response-len-std", min=0, help="Standard deviation of response lengths (default: bounded)."
+    ),
+    lengths: Optional[str] = typer.Option(
+        None, "--lengths", help="JSONL of {prompt_tokens, response_tokens} per sample (grpo-run's lengths.jsonl)."
+    ),
+    lengths_from: Optional[str] = typer.Option(
+        None, "--lengths-from", help="A JSONL dataset whose prompts are measured (needs --tokenizer and the engine)."
+    ),
+    tokenizer: Optional[str] = typer.Option(
+        None, "--tokenizer", help="Tokenizer / model directory for --lengths-from."
+    ),
+    headroom_gib: Optional[float] = typer.Option(
+        None, "--headroom-gib", min=0, help="GiB kept free on every GPU (default 5% of the device)."
+    ),
+    kl: Optional[bool] = typer.Option(None, "--kl/--no-kl", help="KL loss against a frozen reference model (on)."),
+    from_verl: Optional[str] = typer.Option(
+        None, "--from-verl", help="Evaluate a verl launch script (or a file of Hydra overrides) exactly as given."
+    ),
+    from_trl: Optional[str] = typer.Option(
+        None, "--from-trl", help="Evaluate a TRL GRPOConfig YAML (or an Axolotl GRPO config) exactly as given."
+    ),
+    override: list[str] = typer.Option(
+        [],
+        "--override",
+        help="With --from-verl: a Hydra override applied after the script (key.path=value, ~key.path), or an "
+        "environment variable set before it (NAME=value, e.g. VLLM_USE_V1=0). With --from-trl: a config key "
+        "(key=value, e.g. num_processes=8). Repeatable.",
+    ),
     trials: int = typer.Option(
-        0,
-        "--trials",
-        min=0,
-        help=f"Optuna sampler trials before the local refinement (0 = the default, {DEFAULT_TRIALS}).",
+        0, "--trials", min=0, help=f"Optuna sampler trials before the local refinement (0 = {DEFAULT_TRIALS})."
     ),
     seed: int = typer.Option(0, "--seed", help="Sampler seed (same inputs + seed = same plan)."),
     pin: list[str] = typer.Option(
@@ -270,40 +235,79 @@ def main(
     if list_models_flag:
         list_models(console)
         return
-    if not model or not gpus:
-        missing = " and ".join(f for f, v in (("--model", model), ("--gpus", gpus)) if not v)
-        raise InputError(
-            f"{missing} {'is' if ' and ' not in missing else 'are'} required.",
-            "Example: grpo-plan --model qwen-32b --gpus 8xA100-80G (see --list-models, --help).",
-        )
+    if target is not None and target not in TARGETS:
+        raise InputError(f"Unknown --target '{target}'.", f"Choose one of: {', '.join(TARGETS)}.")
+    if from_verl and from_trl:
+        raise InputError("--from-verl and --from-trl both name the configuration.", "Use one of them.")
+    launch = from_verl or from_trl
     if emit is not None and emit not in EMITS:
         raise InputError(f"Unknown --emit '{emit}'.", f"Choose one of: {', '.join(EMITS)}.")
-    target = target or emit or "grpo-pilot"  # --emit verl plans for verl's memory behaviour unless told otherwise
-    if target not in TARGETS:
-        raise InputError(f"Unknown --target '{target}'.", f"Choose one of: {', '.join(TARGETS)}.")
     if emit and json_out:
         raise InputError(
             "--emit and --json both want stdout.", "Use --json --out plan.json, then run again with --emit."
         )
-    pins = parse_pins(pin)
-    workload = _workload(
-        prompts_per_step=prompts_per_step,
-        mini_batch_prompts=mini_batch,
-        n=n,
-        prompt_len_tokens=prompt_len,
-        response_len_tokens=response_len,
-        use_kl_loss=kl,
+    if override and not (from_verl or from_trl):
+        raise InputError("--override applies to a --from-verl or --from-trl file.", "Use --pin KEY=VALUE for knobs.")
+    length_values = length_fields(
+        prompt_len=prompt_len,
+        response_len=response_len,
+        prompt_len_mean=prompt_len_mean,
+        response_len_mean=response_len_mean,
+        prompt_len_std=prompt_len_std,
+        response_len_std=response_len_std,
+        lengths=lengths,
+        lengths_from=lengths_from,
+        tokenizer=tokenizer,
     )
-    plan = _plan(model, gpus, host_ram, target, workload, pins, trials or DEFAULT_TRIALS, seed)
+    host_bytes = parse_size_bytes(host_ram) if host_ram else None
+    notes: list[str] = []
+    if launch:
+        values = (prompts_per_step, mini_batch, n, kl, prompt_len, response_len)
+        given = [flag for flag, value in zip(_LAUNCH_SETS, values) if value is not None]
+        if given:
+            raise InputError(
+                f"{', '.join(given)} conflict with the launch file, which sets them.",
+                "Change the file, or pass --override; lengths' means and spreads may be given, and --pin sets "
+                "what a launch file cannot say (e.g. vllm_engine, vllm_memory).",
+            )
+        model_name, cluster, workload, knobs, notes, launch_target = _launch(
+            from_verl, from_trl, override, model, gpus, host_bytes, length_values
+        )
+        if pin:  # on top of the launch: what its file cannot express (the vLLM version's behaviour, ...)
+            knobs = Knobs(**{**knobs.model_dump(), **parse_pins(pin)})
+        inputs = _inputs(model_name, cluster, workload, target or launch_target, headroom_gib)
+        plan, changes = _evaluate_launch(inputs, knobs, trials or DEFAULT_TRIALS, seed)
+        notes += changes
+        pins = {k: getattr(knobs, k) for k in KNOB_KEYS}
+    else:
+        if not model or not gpus:
+            missing = " and ".join(f for f, v in (("--model", model), ("--gpus", gpus)) if not v)
+            raise InputError(
+                f"{missing} {'is' if ' and ' not in missing else 'are'} required.",
+                "Example: grpo-plan --model qwen-32b --gpus 8xA100-80G (see --list-models, --help).",
+            )
+        chosen_target = target or emit or "grpo-pilot"  # --emit verl plans for verl's memory behaviour
+        pins = parse_pins(pin)
+        workload = make_workload(
+            prompts_per_step=prompts_per_step or 1024,
+            mini_batch_prompts=mini_batch or 256,
+            n=n or 5,
+            use_kl_loss=True if kl is None else kl,
+            **length_values,
+        )
+        from grpo_pilot.planner.make_plan import make_plan
+
+        inputs = _inputs(model, _cluster(gpus, host_bytes), workload, chosen_target, headroom_gib)
+        plan = make_plan(inputs, pins=pins, trials=trials or DEFAULT_TRIALS, seed=seed)
     if json_out:
         typer.echo(plan.to_json(), nl=False)
     else:
-        render(plan, console, pins)
+        render(plan, console, pins, notes)
     if not plan.fits:
         what = "The pinned configuration does not fit" if plan.provenance.search_trials == 0 else "Nothing fits"
         raise InfeasibleError(
-            f"{what} for {plan.model.resolved} on {plan.cluster.label()}. Binding constraint {plan.binding_constraint}: "
-            + (plan.violations[0] if plan.violations else "see the table."),
+            f"{what} for {plan.model.resolved} on {plan.cluster.label()}. Binding constraint "
+            f"{plan.binding_constraint}: " + (plan.violations[0] if plan.violations else "see the table."),
             " ".join(f"Suggestion: {s}" for s in plan.suggestions) + (" No plan file was written." if out else ""),
             plan=plan,
         )

@@ -240,3 +240,19 @@ def test_installed_entry_point_runs_as_a_process() -> None:
     assert (
         bad.returncode == 2 and bad.stderr.startswith("error: Unknown model 'nope'") and "Traceback" not in bad.stderr
     )
+
+
+def test_from_verl_takes_pins_for_what_a_script_cannot_say(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 "
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 trainer.n_gpus_per_node=8\n"
+    )
+    base = run("--from-verl", str(script), "--gpus", "H100", "--json")
+    pinned = run("--from-verl", str(script), "--gpus", "H100", "--json", "--pin", "vllm_memory=device")
+    assert base.exit_code == 0 and pinned.exit_code == 0, pinned.output
+    a, b = json.loads(base.stdout), json.loads(pinned.stdout)
+    assert a["knobs"]["vllm_memory"] == "instance" and b["knobs"]["vllm_memory"] == "device"
+    assert b["kv_cache_tokens_per_gpu"] < a["kv_cache_tokens_per_gpu"]
+    assert run("--from-verl", str(script), "--gpus", "H100", "--n", "4").exit_code == 2  # the script sets n

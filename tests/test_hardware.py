@@ -119,6 +119,9 @@ def test_cpu_must_be_single() -> None:
         ("4090", "RTX4090"),
         ("mi300x", "MI300X"),
         ("b200-192g", "B200"),
+        ("A800", "A800-80G"),
+        ("h20-141g", "H20-141G"),
+        ("H20", "H20"),
     ],
 )
 def test_gpu_aliases(alias: str, name: str) -> None:
@@ -149,6 +152,10 @@ def test_catalog_figures_from_datasheets() -> None:
     assert CATALOG["MI300X"].memory_bytes == 206141652992  # rocm-smi VRAM total
     assert CATALOG["MI300X"].bf16_flops == 1307e12
     assert CATALOG["A100-80G"].hbm_bytes_per_s == 2039e9 > CATALOG["A100-40G"].hbm_bytes_per_s
+    assert CATALOG["A800-80G"].bf16_flops == CATALOG["A100-80G"].bf16_flops
+    assert CATALOG["A800-80G"].link_bytes_per_s == 200e9  # NVLink cut to 400 GB/s bidirectional
+    assert CATALOG["H20-141G"].bf16_flops == CATALOG["H20"].bf16_flops == 148e12
+    assert CATALOG["H20-141G"].memory_bytes == CATALOG["H200"].memory_bytes > CATALOG["H20"].memory_bytes
 
 
 def test_local_detection_matches_the_catalog_by_name_and_memory(monkeypatch):
@@ -166,6 +173,13 @@ def test_local_detection_matches_the_catalog_by_name_and_memory(monkeypatch):
     assert cluster.label() == "8xH100-80G" and cluster.host_ram_bytes_per_node == 512 * (1 << 30)
     props.name, props.total_memory = "NVIDIA A100-SXM4-40GB", 40960 * (1 << 20)
     assert local_cluster().label() == "8xA100-40G"  # the A100 of the nearest memory size
+    # "H20" is a substring of "H200": the most specific name wins, then the nearest memory size
+    props.name, props.total_memory = "NVIDIA H200", 143771 * (1 << 20)
+    assert local_cluster().label() == "8xH200"
+    props.name = "NVIDIA H20"
+    assert local_cluster().label() == "8xH20-141G"
+    props.total_memory = 97871 * (1 << 20)
+    assert local_cluster().label() == "8xH20"
 
 
 def test_local_without_cuda_is_an_input_error_naming_alternatives(monkeypatch):

@@ -43,6 +43,14 @@ VERIFIED = {
     "deepseek-r1-distill-qwen-7b": (3584, 18944, 28, 28, 4, 128, 152064, False, 131072, 1e4),
     "deepseek-r1-distill-qwen-14b": (5120, 13824, 48, 40, 8, 128, 152064, False, 131072, 1e6),
     "deepseek-r1-distill-qwen-32b": (5120, 27648, 64, 40, 8, 128, 152064, False, 131072, 1e6),
+    "qwen2-0.5b": (896, 4864, 24, 14, 2, 64, 151936, True, 131072, 1e6),
+    "qwen2-1.5b": (1536, 8960, 28, 12, 2, 128, 151936, True, 131072, 1e6),
+    "qwen2-7b": (3584, 18944, 28, 28, 4, 128, 152064, False, 32768, 1e6),
+    "qwen2-72b": (8192, 29568, 80, 64, 8, 128, 152064, False, 32768, 1e6),
+    "qwen2.5-coder-14b": (5120, 13824, 48, 40, 8, 128, 152064, False, 32768, 1e6),
+    "qwen2.5-math-1.5b": (1536, 8960, 28, 12, 2, 128, 151936, True, 4096, 1e4),
+    "qwen2.5-math-7b": (3584, 18944, 28, 28, 4, 128, 152064, False, 4096, 1e4),
+    "deepseek-llm-7b": (4096, 11008, 30, 32, 32, 128, 102400, False, 4096, 1e4),
 }
 
 
@@ -108,6 +116,14 @@ def test_non_embedding_count_matches_card(alias: str) -> None:
     spec = resolve_model(alias).spec
     non_embedding = spec.num_params - spec.embedding_params - spec.lm_head_params
     assert _matches_published(non_embedding, _raw(alias)["_published_non_embedding_params"])
+
+
+def test_fine_tuned_variants_resolve_to_the_base_shape() -> None:
+    """Hub ids of -Instruct / -Chat / -Base variants resolve to the bundled base config (same shapes)."""
+    assert resolve_model("Qwen/Qwen2-7B-Instruct").resolved == "qwen2-7b"
+    assert resolve_model("deepseek-ai/deepseek-llm-7b-chat").resolved == "deepseek-llm-7b"
+    assert resolve_model("Qwen/Qwen2.5-Coder-14B-Instruct").resolved == "qwen2.5-coder-14b"
+    assert resolve_model("deepseek-ai/deepseek-llm-7b-chat").spec.num_kv_heads == 32  # MHA: KV as wide as q
 
 
 def test_published_count_check_rejects_a_wrong_count() -> None:

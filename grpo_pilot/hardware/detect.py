@@ -18,13 +18,12 @@ def detect_local_cluster() -> Cluster | None:
     props = torch.cuda.get_device_properties(0)
     name = alias_key(props.name)
     total = props.total_memory
-    best = None
-    for spec in CATALOG.values():
-        core = alias_key(spec.name.split("-")[0])
-        if core in name and (best is None or abs(spec.memory_bytes - total) < abs(best.memory_bytes - total)):
-            best = spec
-    if best is None:
+    # The most specific model name that appears in the device name wins ("H200" over "H20" for an
+    # "NVIDIA H200"), then the variant of the nearest memory size (H20 96 GB vs 141 GB, A100 40 vs 80 GB).
+    matches = [spec for spec in CATALOG.values() if alias_key(spec.name.split("-")[0]) in name]
+    if not matches:
         return None
+    best = max(matches, key=lambda spec: (len(spec.name.split("-")[0]), -abs(spec.memory_bytes - total)))
     return parse_cluster(f"{torch.cuda.device_count()}x{best.name}")
 
 
@@ -33,7 +32,8 @@ def local_cluster(host_ram_bytes_per_node: int | None = None) -> Cluster:
     found = detect_local_cluster()
     if found is None:
         raise InputError(
-            "--gpus local found no CUDA GPU here (torch with CUDA is not importable, or no device matches the catalog).",
+            "--gpus local found no CUDA GPU here "
+            "(torch with CUDA is not importable, or no device matches the catalog).",
             "Name the cluster instead, e.g. --gpus 8xA100-80G, or --gpus 1xcpu for this machine.",
         )
     return (

@@ -14,11 +14,10 @@ import os
 from pydantic import Field
 
 from grpo_pilot.models import Frozen
+from grpo_pilot.units import GB, TFLOPS, GiB, MiB
 
-GiB = 1 << 30
-MiB = 1 << 20
-GB = 10**9
-TFLOPS = 10**12
+__all__ = ["CATALOG", "GB", "TFLOPS", "GiB", "MiB", "GPUSpec", "cpu_spec", "lookup_gpu"]
+
 PCIE4_X16 = 32 * GB  # PCIe 4.0 x16, one direction
 PCIE5_X16 = 64 * GB  # PCIe 5.0 x16, one direction
 
@@ -72,6 +71,15 @@ CATALOG: dict[str, GPUSpec] = {
             "bidirectional; nvidia-smi 81920 MiB",
         ),
         _g(
+            "A800-80G",
+            81920 * MiB,
+            312,
+            2039,
+            200 * GB,
+            "NVIDIA A800 80GB SXM4 (A100 for export markets): A100 80GB compute and memory (BF16 312 TF dense, "
+            "HBM2e 2,039 GB/s), NVLink reduced to 400 GB/s bidirectional; nvidia-smi 81920 MiB",
+        ),
+        _g(
             "H100-80G",
             81559 * MiB,
             989,
@@ -106,6 +114,16 @@ CATALOG: dict[str, GPUSpec] = {
             450 * GB,
             "NVIDIA H20 product brief: BF16/FP16 148 TF dense (296 INT8 TOPS), 96 GB HBM3 at 4.0 TB/s, NVLink "
             "900 GB/s bidirectional; nvidia-smi 97871 MiB",
+        ),
+        _g(
+            "H20-141G",
+            143771 * MiB,
+            148,
+            4800,
+            450 * GB,
+            "NVIDIA H20 141 GB variant (the H20 ships with 96 GB or 141 GB HBM3e): H20 compute (BF16 148 TF dense), "
+            "NVLink 900 GB/s bidirectional; memory as the H200's six HBM3e stacks, 143771 MiB. The vendor publishes "
+            "no bandwidth for this variant: 4.8 TB/s (the H200's, same stacks) is an assumption",
         ),
         _g(
             "H200",
@@ -215,10 +233,15 @@ ALIASES: dict[str, str] = {
     "H100SXM80G": "H100-80G",
     "H100PCIE": "H100-PCIE",
     "H100PCIE80G": "H100-PCIE",
+    "A800": "A800-80G",
+    "A80080G": "A800-80G",
+    "A80080GB": "A800-80G",
     "H800": "H800",
     "H80080G": "H800",
     "H20": "H20",
     "H2096G": "H20",
+    "H20141G": "H20-141G",
+    "H20141GB": "H20-141G",
     "H200": "H200",
     "H200141G": "H200",
     "B200": "B200",

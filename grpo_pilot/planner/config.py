@@ -13,28 +13,64 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.traits import traits_for
 
 Target = Literal["grpo-pilot", "verl", "trl"]
 Placement = Literal["colocated", "split"]
 RolloutBackendName = Literal["vllm", "hf"]
+VllmEngine = Literal["v1", "v0"]
+VllmMemory = Literal["instance", "device"]
 PhaseName = Literal["rollout", "log_prob", "update", "weight_sync"]
 PHASES: tuple[PhaseName, ...] = ("rollout", "log_prob", "update", "weight_sync")
 
 
 class Workload(Frozen):
-    """The GRPO job the user wants to run; never changed by the search."""
+    """The GRPO job the user wants to run; never changed by the search.
+
+    Lengths: `prompt_len_tokens` / `response_len_tokens` are the maxima (verl max_prompt_length /
+    max_response_length, TRL max_prompt_length / max_completion_length). The optional means, standard
+    deviations and response tail describe what the data really holds (`--prompt-len-mean`,
+    `--lengths lengths.jsonl`); left unset, every sequence is taken at its maximum — the worst case.
+    `planner/lengths.py` turns them into the tokens a micro-batch holds (memory) and the tokens a step
+    processes (time).
+    """
 
     prompts_per_step: int = Field(
         default=1024, ge=1, description="Prompts per optimizer batch (verl data.train_batch_size)."
     )
     mini_batch_prompts: int = Field(
-        default=256, ge=1, description="Prompts per PPO mini-batch (verl ppo_mini_batch_size); one optimizer step each."
+        default=256,
+        ge=1,
+        description="Prompts per PPO mini-batch (verl ppo_mini_batch_size); one optimizer step each.",
     )
     n: int = Field(
         default=5, ge=1, description="Responses per prompt (group size; verl rollout.n, TRL num_generations)."
     )
     prompt_len_tokens: int = Field(default=512, ge=1, description="Longest prompt, tokens.")
     response_len_tokens: int = Field(default=1024, ge=1, description="Longest response, tokens.")
+    prompt_len_mean_tokens: float | None = Field(
+        default=None, gt=0, description="Mean prompt length, tokens (None = every prompt at the maximum)."
+    )
+    response_len_mean_tokens: float | None = Field(
+        default=None, gt=0, description="Mean response length, tokens (None = every response at the maximum)."
+    )
+    prompt_len_std_tokens: float | None = Field(
+        default=None,
+        ge=0,
+        description="Standard deviation of prompt lengths (None = unknown: the largest a length in [0, max] "
+        "with that mean can have).",
+    )
+    response_len_std_tokens: float | None = Field(
+        default=None, ge=0, description="Standard deviation of response lengths (None = unknown, as above)."
+    )
+    response_tail_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Longest response one rollout waits for (None = the maximum: some response reaches the cap).",
+    )
+    lengths_source: str | None = Field(
+        default=None, description="Where the length statistics come from (a lengths file, a dataset), for display."
+    )
     use_kl_loss: bool = Field(
         default=True, description="KL loss against a frozen reference model (instantiates the ref model)."
     )
@@ -44,20 +80,62 @@ class Workload(Frozen):
     )
 
     @model_validator(mode="after")
-    def _mini_le_batch(self) -> "Workload":
+    def _consistent(self) -> "Workload":
         if self.mini_batch_prompts > self.prompts_per_step:
             raise ValueError(
                 f"mini_batch_prompts ({self.mini_batch_prompts}) exceeds prompts_per_step ({self.prompts_per_step})"
+            )
+        for what, mean, cap in (
+            ("prompt", self.prompt_len_mean_tokens, self.prompt_len_tokens),
+            ("response", self.response_len_mean_tokens, self.response_len_tokens),
+        ):
+            if mean is not None and mean > cap:
+                raise ValueError(f"the mean {what} length ({mean:g}) exceeds the maximum ({cap})")
+        if self.response_tail_tokens is not None and self.response_tail_tokens > self.response_len_tokens:
+            raise ValueError(
+                f"response_tail_tokens ({self.response_tail_tokens}) exceeds the maximum response "
+                f"({self.response_len_tokens})"
             )
         return self
 
     @property
     def seq_len_tokens(self) -> int:
+        """Longest sequence (prompt + response): what one request may reach."""
         return self.prompt_len_tokens + self.response_len_tokens
 
     @property
     def responses_per_step(self) -> int:
         return self.prompts_per_step * self.n
+
+    @property
+    def prompt_mean_tokens(self) -> float:
+        return self.prompt_len_tokens if self.prompt_len_mean_tokens is None else self.prompt_len_mean_tokens
+
+    @property
+    def response_mean_tokens(self) -> float:
+        return self.response_len_tokens if self.response_len_mean_tokens is None else self.response_len_mean_tokens
+
+    @property
+    def seq_mean_tokens(self) -> float:
+        return self.prompt_mean_tokens + self.response_mean_tokens
+
+    @property
+    def at_max_lengths(self) -> bool:
+        """Every sequence at its maximum: the worst case (today's estimate when no length is given)."""
+        at_max_prompt = self.prompt_mean_tokens == self.prompt_len_tokens
+        return at_max_prompt and self.response_mean_tokens == self.response_len_tokens
+
+    def worst_case(self) -> "Workload":
+        """The same job with every prompt and response at its maximum."""
+        return self.model_copy(
+            update={
+                "prompt_len_mean_tokens": None,
+                "response_len_mean_tokens": None,
+                "prompt_len_std_tokens": None,
+                "response_len_std_tokens": None,
+                "response_tail_tokens": None,
+            }
+        )
 
 
 class Knobs(Frozen):
@@ -80,6 +158,12 @@ class Knobs(Frozen):
     )
     log_prob_max_token_len_per_gpu: int = Field(
         default=16384, ge=1, description="Token budget per log-prob micro-batch (old policy and reference)."
+    )
+    log_prob_micro_batch_size_per_gpu: int | None = Field(
+        default=None,
+        ge=1,
+        description="Sequences per log-prob micro-batch (verl log_prob_micro_batch_size_per_gpu without "
+        "log_prob_use_dynamic_bsz); None = packed by log_prob_max_token_len_per_gpu.",
     )
     param_offload: bool = Field(
         default=False, description="Actor FSDP parameters (and grads) live in host RAM between uses."
@@ -108,7 +192,20 @@ class Knobs(Frozen):
     )
     rollout_backend: RolloutBackendName = Field(
         default="vllm",
-        description="Rollout engine the plan assumes: 'vllm' or 'hf' (batched decode on the HF policy module itself, no second weight copy).",
+        description="Rollout engine the plan assumes: 'vllm' or 'hf' (batched decode on the HF policy module "
+        "itself, no second weight copy).",
+    )
+    vllm_engine: VllmEngine = Field(
+        default="v1",
+        description="vLLM engine generation: 'v1' (vLLM >= 0.8 default) or 'v0' (the legacy engine: vLLM < 0.8, "
+        "VLLM_USE_V1=0, or a backend V1 lacks such as VLLM_ATTENTION_BACKEND=XFORMERS); v0 processes every "
+        "running sequence's output on the CPU each decode step.",
+    )
+    vllm_memory: VllmMemory = Field(
+        default="instance",
+        description="What gpu_memory_utilization × device memory bounds: 'instance' (vLLM >= 0.9: the engine's own "
+        "memory, measured from its start) or 'device' (vLLM <= 0.8, V0 and V1 alike: everything on the GPU when the "
+        "engine profiles, the trainer's resident memory included, so the KV cache gets what is left).",
     )
     placement: Placement = Field(
         default="colocated", description="'colocated' (hybrid engine) or 'split' (separate rollout GPUs)."
@@ -130,8 +227,9 @@ def old_logprob_pass_needed(workload: Workload, target: Target) -> bool:
 
     verl always recomputes old log-probs (`compute_log_prob` in its PPO loop). TRL
     (`GRPOTrainer._generate_and_score_completions`) and our engine (`engine/loop.py`) skip it when the
-    step is one on-policy update — one mini-batch, one epoch — where the ratio is 1 by construction.
+    step is one on-policy update — one mini-batch, one epoch — where the ratio is 1 by construction
+    (`ExecutorTraits.always_old_logprob`).
     """
-    if target == "verl":
+    if traits_for(target).always_old_logprob:
         return True
     return workload.ppo_epochs > 1 or workload.prompts_per_step > workload.mini_batch_prompts

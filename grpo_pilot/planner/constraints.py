@@ -14,7 +14,8 @@ Structural rules (no memory estimate needed; reference/verl-config.md "Validatio
 - ulysses.heads_divisible_by_sp — heads % SP == 0; kv % SP == 0 or SP % kv == 0 (verl monkey_patch).
 - ulysses.world_divisible_by_sp — training GPUs % SP == 0.
 - token_budget.update / token_budget.log_prob — budget × SP ≥ prompt + response (verl seqlen_balancing;
-  SP scales the budget only for verl, our engine and TRL need budget ≥ one sequence).
+  SP scales the budget only for verl, our engine and TRL need budget ≥ one sequence); the log-prob rule
+  only applies when log-prob micro-batches are packed by the budget (no fixed micro-batch).
 - rollout.batched_tokens_ge_seqs — max_num_batched_tokens ≥ max_num_seqs (vLLM SchedulerConfig).
 - context.max_position — prompt + response ≤ the model's max_position_embeddings (vLLM max_model_len).
 - split.pools — split placement leaves at least one GPU per node to each pool.
@@ -71,6 +72,7 @@ def structural_checks(
     rollout_gpus, train_gpus = pools(cluster, knobs)
     tp, sp, seq = knobs.rollout_tp, knobs.ulysses_sp, workload.seq_len_tokens
     scale = sp if budget_scaled_by_sp(target) else 1  # verl multiplies budgets by SP; ours and TRL do not
+    times_sp = f" × ulysses_sp={sp}" if scale > 1 else ""
     responses = workload.responses_per_step
     dp = train_gpus // sp if sp <= train_gpus else 0
     mini_per_gpu = workload.mini_batch_prompts * workload.n // dp if dp else 0
@@ -81,13 +83,15 @@ def structural_checks(
         _rule(
             "batch.divisible_by_world",
             responses % train_gpus == 0,
-            f"prompts per step × n = {responses} is not divisible by the {train_gpus} training GPUs (verl validate_config).",
+            f"prompts per step × n = {responses} is not divisible by the {train_gpus} training GPUs "
+            "(verl validate_config).",
         ),
         _rule(
             "mini_batch.per_gpu",
             mini_per_gpu > 0,
-            f"the mini-batch of {workload.mini_batch_prompts} prompts × n = {workload.mini_batch_prompts * workload.n} responses "
-            f"is smaller than the {dp or train_gpus} data-parallel ranks.",
+            f"the mini-batch of {workload.mini_batch_prompts} prompts × n = "
+            f"{workload.mini_batch_prompts * workload.n} responses is smaller than the {dp or train_gpus} "
+            "data-parallel ranks.",
         ),
         _rule(
             "micro_batch.set",
@@ -122,12 +126,13 @@ def structural_checks(
         _rule(
             "token_budget.update",
             not knobs.dynamic_batching or (knobs.max_token_len_per_gpu or 0) * scale >= seq,
-            f"max_token_len_per_gpu={knobs.max_token_len_per_gpu}{f' × ulysses_sp={sp}' if scale > 1 else ''} is below one sequence ({seq} tokens).",
+            f"max_token_len_per_gpu={knobs.max_token_len_per_gpu}{times_sp} is below one sequence ({seq} tokens).",
         ),
         _rule(
             "token_budget.log_prob",
-            knobs.log_prob_max_token_len_per_gpu * scale >= seq,
-            f"log_prob_max_token_len_per_gpu={knobs.log_prob_max_token_len_per_gpu}{f' × ulysses_sp={sp}' if scale > 1 else ''} is below one sequence ({seq} tokens).",
+            knobs.log_prob_micro_batch_size_per_gpu is not None or knobs.log_prob_max_token_len_per_gpu * scale >= seq,
+            f"log_prob_max_token_len_per_gpu={knobs.log_prob_max_token_len_per_gpu}{times_sp} is below one sequence "
+            f"({seq} tokens).",
         ),
         _rule(
             "rollout.batched_tokens_ge_seqs",
@@ -144,8 +149,8 @@ def structural_checks(
             knobs.placement == "colocated"
             or knobs.rollout_backend == "hf"
             or (cluster.gpus_per_node >= 2 and knobs.split_rollout_gpus_per_node < cluster.gpus_per_node),
-            f"split placement needs at least one rollout and one training GPU per node ({cluster.gpus_per_node} per node, "
-            f"split_rollout_gpus_per_node={knobs.split_rollout_gpus_per_node}).",
+            "split placement needs at least one rollout and one training GPU per node "
+            f"({cluster.gpus_per_node} per node, split_rollout_gpus_per_node={knobs.split_rollout_gpus_per_node}).",
         ),
     ]
     return tuple(checks)
@@ -220,8 +225,9 @@ def _kv_shortfall(kv_budget_bytes: int | None, device_bytes: int | None, utiliza
         return ""
     needed = utilization + -kv_budget_bytes / device_bytes
     return (
-        f"; the vLLM budget of {utilization:g} x {_gib(device_bytes)} is {_gib(-kv_budget_bytes)} short of its weights, "
-        f"activations, buffers and graphs before any KV cache: gpu_memory_utilization must exceed {needed:.2f} for it to start"
+        f"; the vLLM budget of {utilization:g} x {_gib(device_bytes)} is {_gib(-kv_budget_bytes)} short of its "
+        "weights, activations, buffers and graphs before any KV cache: gpu_memory_utilization must exceed "
+        f"{needed:.2f} for it to start"
     )
 
 

@@ -4,10 +4,14 @@
 `assess(inputs, knobs)` is the search's inner loop (no `Plan` built); `evaluate(inputs, knobs)` turns
 an assessment into the frozen `Plan` that plan.json stores.
 
-Usable GPU memory = device memory × (1 − headroom). The memory estimate already itemises the CUDA
-context, NCCL buffers and allocator fragmentation; the default 5% headroom covers what it cannot
-see: driver/ECC reservations that vary by driver version, monitoring agents on the GPU, and the
-estimate's own error (the traced cross-check agrees to a few percent on tensor bytes).
+Usable GPU memory = device memory − headroom. The memory estimate already itemises the CUDA context,
+NCCL buffers and allocator fragmentation of what fragments; the headroom covers what it cannot see:
+driver/ECC reservations that vary by driver version, monitoring agents on the GPU, and the estimate's
+own error (the traced cross-check agrees to a few percent on tensor bytes). It is `--headroom-gib`
+when given, else 5% of the device (4 GiB on an 80 GB GPU); the search never plans into it.
+
+The verdict is judged at the memory quantile of the workload's lengths (`lengths.py`); the plan also
+records the worst case — every prompt and response at its maximum — and whether that would fit.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs, Target, Workload
 from grpo_pilot.planner.constraints import Check, binding_constraint, memory_checks, structural_checks, violations
-from grpo_pilot.planner.estimate import estimate_memory, rollout_kv_budget_bytes
+from grpo_pilot.planner.estimate import device_memory_bytes, estimate_memory, rollout_kv_budget_bytes
+from grpo_pilot.planner.lengths import MEMORY_QUANTILE
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.plan import ModelRef, Plan, Provenance
 from grpo_pilot.planner.reports import MemoryReport, TimeReport
@@ -45,6 +50,9 @@ class PlanInputs(Frozen):
     headroom_fraction: float = Field(
         default=DEFAULT_HEADROOM_FRACTION, ge=0.0, lt=1.0, description="Share of device memory kept free."
     )
+    headroom_bytes: int | None = Field(
+        default=None, ge=0, description="Bytes of device memory kept free (overrides headroom_fraction when set)."
+    )
     overheads: Overheads = Field(
         default=DEFAULT_OVERHEADS, description="Named memory constants (analytic defaults or a calibration)."
     )
@@ -53,8 +61,20 @@ class PlanInputs(Frozen):
     )
 
     @property
+    def device_bytes(self) -> int:
+        """Memory of one device (on the cpu pseudo-device: one worker's share of the host RAM)."""
+        return device_memory_bytes(self.cluster)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """The safety headroom kept free on every device."""
+        if self.headroom_bytes is not None:
+            return self.headroom_bytes
+        return self.device_bytes - int(self.device_bytes * (1.0 - self.headroom_fraction))
+
+    @property
     def usable_gpu_bytes(self) -> int:
-        return int(self.cluster.gpu.memory_bytes * (1.0 - self.headroom_fraction))
+        return max(1, self.device_bytes - self.reserved_bytes)
 
 
 class Assessment(Frozen):
@@ -85,7 +105,7 @@ def assess(inputs: PlanInputs, knobs: Knobs, structural: tuple[Check, ...] | Non
     spec, cluster, workload = inputs.model.spec, inputs.cluster, inputs.workload
     memory = estimate_memory(spec, cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
     time = estimate_time(
-        spec, cluster, workload, knobs, target=inputs.target, max_concurrent_seqs=max(1, memory.max_concurrent_seqs)
+        spec, cluster, workload, knobs, target=inputs.target, kv_cache_tokens_per_gpu=memory.kv_cache_tokens_per_gpu
     )
     kv_short = knobs.rollout_backend == "vllm" and memory.kv_cache_tokens_per_gpu < workload.seq_len_tokens
     kv_budget = (
@@ -100,16 +120,23 @@ def assess(inputs: PlanInputs, knobs: Knobs, structural: tuple[Check, ...] | Non
         usable_gpu_bytes=inputs.usable_gpu_bytes,
         host_ram_bytes=cluster.host_ram_bytes_per_node,
         kv_budget_bytes=kv_budget,
-        device_bytes=cluster.gpu.memory_bytes,
+        device_bytes=inputs.device_bytes,
     )
     return Assessment(knobs=knobs, memory=memory, time=time, checks=checks)
+
+
+def worst_case_memory(inputs: PlanInputs, knobs: Knobs) -> MemoryReport:
+    """The memory estimate with every prompt and response at its maximum."""
+    spec, workload = inputs.model.spec, inputs.workload.worst_case()
+    return estimate_memory(spec, inputs.cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
 
 
 def to_plan(
     inputs: PlanInputs, a: Assessment, *, provenance: Provenance | None = None, suggestions: tuple[str, ...] = ()
 ) -> Plan:
-    """The frozen plan.json record of an assessment."""
+    """The frozen plan.json record of an assessment (with the worst case beside the expected peak)."""
     memory, time = a.memory, a.time
+    worst = memory if inputs.workload.at_max_lengths else worst_case_memory(inputs, a.knobs)
     return Plan(
         fits=a.fits,
         knobs=a.knobs,
@@ -132,6 +159,12 @@ def to_plan(
         workload=inputs.workload,
         target=inputs.target,
         provenance=provenance or Provenance(calibration=inputs.calibration),
+        headroom_bytes=inputs.reserved_bytes,
+        margin_bytes=inputs.usable_gpu_bytes - memory.peak_gpu_bytes,
+        memory_quantile=None if inputs.workload.at_max_lengths else MEMORY_QUANTILE,
+        worst_case_peak_gpu_bytes=worst.peak_gpu_bytes,
+        worst_case_phase=worst.peak_phase,
+        worst_case_phases={phase: pm.total_bytes for phase, pm in worst.phases.items()},
     )
 
 

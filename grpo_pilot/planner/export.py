@@ -49,13 +49,17 @@ def verl_notes(plan: Plan) -> tuple[str, ...]:
     notes = []
     if plan.knobs.placement == "split":
         notes.append(
-            "placement=split has no main_ppo key: verl's main_ppo colocates rollout and training (hybrid engine); "
+            "placement=split has no main_ppo key: verl's main_ppo colocates rollout and training "
+            "(hybrid engine); "
             "this command runs colocated, so re-plan with --pin placement=colocated before trusting its memory."
         )
     if plan.target != "verl":
         notes.append(
-            f"memory was estimated for target {plan.target}; re-plan with --target verl for verl's own memory behaviour."
+            f"memory was estimated for target {plan.target}; "
+            "re-plan with --target verl for verl's own memory behaviour."
         )
+    if plan.knobs.rollout_backend == "vllm" and plan.knobs.vllm_engine == "v0":
+        notes.append("the plan assumes vLLM's V0 engine: export VLLM_USE_V1=0 (vLLM >= 0.8) before launching.")
     if not plan.fits:
         notes.append("this plan does NOT fit (see grpo-plan's violations); the command is printed for reference only.")
     return tuple(notes)
@@ -100,10 +104,22 @@ def verl_overrides(plan: Plan) -> tuple[tuple[str, str], ...]:
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", str(k.ulysses_sp)),
         ("actor_rollout_ref.actor.fsdp_config.param_offload", _b(k.param_offload)),
         ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", _b(k.optimizer_offload)),
-        ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "True"),
-        ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", str(k.log_prob_max_token_len_per_gpu)),
-        ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "True"),
-        ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", str(k.log_prob_max_token_len_per_gpu)),
+    ]
+    for role in ("rollout", "ref"):
+        if k.log_prob_micro_batch_size_per_gpu is None:
+            out += [
+                (f"actor_rollout_ref.{role}.log_prob_use_dynamic_bsz", "True"),
+                (f"actor_rollout_ref.{role}.log_prob_max_token_len_per_gpu", str(k.log_prob_max_token_len_per_gpu)),
+            ]
+        else:
+            out += [
+                (f"actor_rollout_ref.{role}.log_prob_use_dynamic_bsz", "False"),
+                (
+                    f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu",
+                    str(k.log_prob_micro_batch_size_per_gpu),
+                ),
+            ]
+    out += [
         ("actor_rollout_ref.ref.fsdp_config.param_offload", _b(k.ref_param_offload)),
         ("actor_rollout_ref.rollout.name", k.rollout_backend),
         ("actor_rollout_ref.rollout.n", str(w.n)),
@@ -151,6 +167,20 @@ def verl_command(plan: Plan) -> str:
     return "\n".join(head) + "\n" + " \\\n".join(lines) + "\n"
 
 
+def trl_fsdp_config(k: Knobs) -> dict[str, Any]:
+    """The `fsdp_config` dict of transformers >= 5 (`fsdp=True` + this dict; the string form
+    "full_shard offload auto_wrap" is deprecated): FSDP2 sharding every decoder layer, offloaded to host
+    RAM when the plan offloads parameters or optimizer states, and FSDP's activation checkpointing in
+    place of `gradient_checkpointing` (transformers refuses both; the latter adds an all-gather)."""
+    return {
+        "version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "reshard_after_forward": True,
+        "cpu_offload": k.param_offload or k.optimizer_offload,
+        "activation_checkpointing": k.gradient_checkpointing,
+    }
+
+
 def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
     """(GRPOConfig keyword arguments, notes for what GRPOConfig cannot express)."""
     k, w = plan.knobs, plan.workload
@@ -182,10 +212,11 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
             # TRL keeps the engine's weights and KV cache through training unless sleep mode is on; the
             # grpo-pilot and verl estimates assume they are freed, so only a TRL-target plan keeps them.
             settings["vllm_enable_sleep_mode"] = plan.target != "trl"
-    if k.param_offload or k.optimizer_offload:
-        settings["fsdp"] = "full_shard offload auto_wrap"
-    else:
-        settings["fsdp"] = "full_shard auto_wrap"
+    if train_gpus > 1:  # one training process has nothing to shard
+        settings["fsdp"] = True
+        settings["fsdp_config"] = trl_fsdp_config(k)
+        if k.gradient_checkpointing:  # FSDP's own activation checkpointing; both on is an error in transformers
+            settings["gradient_checkpointing"] = False
     notes = (
         []
         if plan.target == "trl"
@@ -195,7 +226,8 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
     )
     notes += [
         f"launch on {train_gpus} training processes (accelerate launch --num_processes {train_gpus})",
-        f"keep prompts at most {w.prompt_len_tokens} tokens (filter the dataset; GRPOConfig has no prompt-length cap in trl 1.16)",
+        f"keep prompts at most {w.prompt_len_tokens} tokens "
+        "(filter the dataset; GRPOConfig has no prompt-length cap in trl 1.16)",
     ]
     if per_device * train_gpus * grad_accum != w.mini_batch_prompts * w.n:
         notes.append(
@@ -204,17 +236,20 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
         )
     if k.rollout_backend == "vllm" and not colocate:
         notes.append(
-            f"server mode: start `trl vllm-serve --model {_model_path(plan)} --tensor-parallel-size {k.rollout_tp}` on the rollout GPUs"
+            f"server mode: start `trl vllm-serve --model {_model_path(plan)} "
+            f"--tensor-parallel-size {k.rollout_tp}` on the rollout GPUs"
         )
     if k.dynamic_batching:
         notes.append(
-            f"token budget {k.max_token_len_per_gpu} has no GRPOConfig key: expressed as {per_device} sequences per micro-batch"
+            f"token budget {k.max_token_len_per_gpu} has no GRPOConfig key: "
+            f"expressed as {per_device} sequences per micro-batch"
         )
     if w.use_kl_loss and k.ref_param_offload:
         notes.append("ref_param_offload has no GRPOConfig key (TRL keeps the reference model on the GPU)")
     if k.ulysses_sp > 1:
         notes.append(
-            f"ulysses_sp={k.ulysses_sp} has no GRPOConfig key (use accelerate's parallelism_config for context parallelism)"
+            f"ulysses_sp={k.ulysses_sp} has no GRPOConfig key "
+            "(use accelerate's parallelism_config for context parallelism)"
         )
     if k.fused_logprob:
         notes.append("fused_logprob has no GRPOConfig key in trl 1.16 (use_liger_kernel is deprecated there)")

@@ -12,9 +12,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from grpo_pilot.models import Frozen
-
-MiB = 1 << 20
-GiB = 1 << 30
+from grpo_pilot.units import GiB, MiB
 
 
 class Overheads(Frozen):

@@ -3,6 +3,10 @@
 JSON contract (other tools read it): top level `schema_version, fits, knobs, peak_gpu_bytes,
 usable_gpu_bytes, predicted_step_s, phases`; `phases` maps rollout, log_prob, update, weight_sync to
 `{"total_bytes": int, "items": {name: bytes}}`; items named `overhead_*` are non-tensor overheads.
+Added without a version bump (older plans load; their new fields are None): `headroom_bytes`,
+`margin_bytes`, `memory_quantile`, `worst_case_peak_gpu_bytes`, `worst_case_phase`,
+`worst_case_phases` — the expected peak (at the memory quantile of the lengths) and the worst case
+(every sequence at its maximum) with the margin left.
 """
 
 from __future__ import annotations
@@ -77,6 +81,29 @@ class Plan(Frozen):
     workload: Workload
     target: Target = Field(default="grpo-pilot", description="Executor whose choices the estimate models.")
     provenance: Provenance = Field(default_factory=Provenance)
+    headroom_bytes: int | None = Field(default=None, ge=0, description="Device memory kept free (the safety margin).")
+    margin_bytes: int | None = Field(
+        default=None, description="Usable memory left at the expected peak (negative when it does not fit)."
+    )
+    memory_quantile: float | None = Field(
+        default=None,
+        description="Quantile of the micro-batch token count the expected peak is judged at (None: every "
+        "sequence at its maximum, so the expected peak is the worst case).",
+    )
+    worst_case_peak_gpu_bytes: int | None = Field(
+        default=None, ge=0, description="Largest phase total with every prompt and response at its maximum."
+    )
+    worst_case_phase: PhaseName | None = Field(default=None, description="The phase that peaks in the worst case.")
+    worst_case_phases: dict[PhaseName, int] | None = Field(
+        default=None, description="Phase totals in the worst case, bytes."
+    )
+
+    @property
+    def worst_case_fits(self) -> bool | None:
+        """Whether the worst case stays within usable memory (None for plans written before it was recorded)."""
+        if self.worst_case_peak_gpu_bytes is None:
+            return None
+        return self.worst_case_peak_gpu_bytes <= self.usable_gpu_bytes
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2) + "\n"

@@ -33,6 +33,7 @@ from grpo_pilot.planner.config import KNOB_KEYS, Knobs
 from grpo_pilot.planner.constraints import constraint_values, violations
 from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, cheap_checks
 from grpo_pilot.planner.timing import pools
+from grpo_pilot.planner.traits import traits_for
 
 DEFAULT_TRIALS = 60  # sampler trials before the refinement; with it, `grpo-plan` stays well under 2 s wall
 REFINE_STARTS = 1  # local searches from the best distinct feasible trials
@@ -61,6 +62,9 @@ PHASE_GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 # Knobs never searched (Knobs() defaults unless pinned): engine caps and the layout.
 UNSEARCHED: tuple[str, ...] = (
+    "vllm_engine",
+    "vllm_memory",
+    "log_prob_micro_batch_size_per_gpu",
     "max_num_seqs",
     "max_num_batched_tokens",
     "rollout_backend",
@@ -327,7 +331,7 @@ def refine(
         return a is not None and all(c.ok for c in a.checks if c.rule in rules)
 
     groups = dict(PHASE_GROUPS)
-    if inputs.target == "trl":
+    if traits_for(inputs.target).keeps_rollout_engine:  # rollout knobs also bound the training phases
         dims, rules = groups["rollout"]
         groups["rollout"] = (dims, rules + ("memory.log_prob", "memory.update"))
 

@@ -22,6 +22,7 @@ from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.hardware.gpus import GiB
 from grpo_pilot.planner.config import Workload
 from grpo_pilot.planner.constraints import violations
+from grpo_pilot.planner.lengths import std_bound
 from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, cheap_checks
 from grpo_pilot.planner.search import build_space, frugal_candidates
 
@@ -51,7 +52,8 @@ def _with_offloads(inputs: PlanInputs, failed: Assessment) -> str | None:
     if not a.fits:
         return None
     pins = " ".join(f"--pin {k}=true" for k in off)
-    return f"turning on {', '.join(off)} fits: peak {a.memory.peak_gpu_bytes / GiB:.1f} GiB of {inputs.usable_gpu_bytes / GiB:.1f} GiB usable ({pins})."
+    peak, usable = a.memory.peak_gpu_bytes / GiB, inputs.usable_gpu_bytes / GiB
+    return f"turning on {', '.join(off)} fits: peak {peak:.1f} GiB of {usable:.1f} GiB usable ({pins})."
 
 
 def _cluster_sizes(cluster: Cluster) -> Iterator[tuple[int, int]]:
@@ -91,11 +93,28 @@ def _host_ram_needed(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None:
     return f"with {need_gib} GiB of host RAM per node it fits on {inputs.cluster.label()} (--host-ram {need_gib}GiB)."
 
 
+def capped_response(w: Workload, cap: int) -> Workload:
+    """The same job with responses truncated at `cap` tokens.
+
+    Truncation min(R, cap) never raises the mean above min(μ, cap) and never raises the standard
+    deviation (x ↦ min(x, cap) is 1-Lipschitz), so these statistics stay upper bounds; the tail is capped.
+    """
+    update: dict[str, Any] = {"response_len_tokens": cap}
+    if w.response_len_mean_tokens is not None:
+        update["response_len_mean_tokens"] = min(w.response_len_mean_tokens, cap)
+    if w.response_len_std_tokens is not None:
+        mean = update.get("response_len_mean_tokens", cap)
+        update["response_len_std_tokens"] = min(w.response_len_std_tokens, std_bound(mean, cap))
+    if w.response_tail_tokens is not None:
+        update["response_tail_tokens"] = min(w.response_tail_tokens, cap)
+    return Workload(**{**w.model_dump(), **update})
+
+
 def _longest_response(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None:
     w = inputs.workload
 
     def fits(length: int) -> bool:
-        shorter = Workload(**{**w.model_dump(), "response_len_tokens": length})
+        shorter = capped_response(w, length)
         return first_fit(inputs.model_copy(update={"workload": shorter}), pins) is not None
 
     lo, hi = 0, w.response_len_tokens - 1  # lo: longest known to fit (0 = none yet)
@@ -129,6 +148,7 @@ def suggest(inputs: PlanInputs, failed: Assessment, pins: Mapping[str, Any] | No
             out = ("without the pinned knobs it fits on this cluster: drop the --pin flags and let the search choose.",)
     if not out:
         return (
-            f"no cluster of up to {MAX_NODES} nodes of this GPU and no shorter response fits; use a GPU with more memory or a smaller model.",
+            f"no cluster of up to {MAX_NODES} nodes of this GPU and no shorter response fits; "
+            "use a GPU with more memory or a smaller model.",
         )
     return out

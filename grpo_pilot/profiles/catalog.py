@@ -69,7 +69,9 @@ def all_aliases() -> tuple[str, ...]:
 def _normalise(name: str) -> str:
     key = name.strip().lower().split("/")[-1]
     key = re.sub(r"[\s_]+", "-", key)
-    return key.replace("-instruct", "").replace("-base", "")
+    for suffix in ("-instruct", "-base", "-chat"):  # fine-tuned variants keep the base model's shape
+        key = key.replace(suffix, "")
+    return key
 
 
 @lru_cache(maxsize=None)
@@ -98,7 +100,8 @@ def resolve_model(name: str) -> ResolvedModel:
         suggestion = f"Closest: {', '.join(close)}. " if close else ""
         raise InputError(
             f"Unknown model '{name}'.",
-            f"{suggestion}Use a bundled alias (`grpo-plan --list-models`) or a path to an HF model directory or config.json.",
+            f"{suggestion}Use a bundled alias (`grpo-plan --list-models`) or a path to an HF model directory "
+            "or config.json.",
         )
     cfg, spec = _load_bundled(canonical)
     return ResolvedModel(

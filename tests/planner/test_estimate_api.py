@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 from grpo_pilot.planner.config import Knobs, Workload
-from grpo_pilot.planner.estimate import estimate_memory
+from grpo_pilot.planner.estimate import FRAGMENTING_ITEMS, estimate_memory
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 
 
@@ -38,12 +38,51 @@ def test_overheads_are_calibratable(spec_of, cluster_of) -> None:
     )
     cal = estimate_memory(*args, overheads=custom)
     upd = cal.phases["update"].items
-    assert upd["overhead_cuda_context"] == 1 << 30 and upd["overhead_fragmentation"] == 0 and upd["overhead_nccl"] == 0
+    assert upd["overhead_cuda_context"] == 1 << 30
+    assert upd["overhead_fragmentation"] == 0 and upd["overhead_nccl"] == 0
     assert cal.phases["weight_sync"].items["weight_sync_bucket"] == 1 << 29
     # tensor items do not depend on overheads
     assert cal.phases["update"].tensor_bytes == base.phases["update"].tensor_bytes
-    # fragmentation is (factor − 1) × the trainer's tensor bytes of the phase (the vLLM pool is not the trainer's)
+    # fragmentation is (factor − 1) × the allocations whose size varies (activations, logits, temporaries):
+    # persistent states (params, grads, Adam, reference) and the vLLM pool are allocated once and reused
     upd = base.phases["update"]
-    trainer = upd.tensor_bytes - sum(v for k, v in upd.items.items() if k.startswith("vllm_"))
-    assert trainer < upd.tensor_bytes
-    assert upd.items["overhead_fragmentation"] == int(0.10 * trainer)
+    varying = sum(v for k, v in upd.items.items() if k in FRAGMENTING_ITEMS)
+    persistent = upd.items["actor_params"] + upd.items["optimizer_states"] + upd.items["actor_grads"]
+    assert 0 < varying < upd.tensor_bytes and persistent > 0
+    assert upd.items["overhead_fragmentation"] == int(0.10 * varying)
+    assert upd.items["overhead_fragmentation"] < int(0.10 * (varying + persistent))
+
+
+def test_nxcpu_workers_share_the_host_ram_and_shard_like_fsdp(spec_of) -> None:
+    """`Nxcpu`: each of N worker processes gets RAM / N as its device memory, and the states shard N ways."""
+    from grpo_pilot.hardware.cluster import Cluster
+    from grpo_pilot.hardware.gpus import cpu_spec
+    from grpo_pilot.planner.estimate import device_memory_bytes
+
+    ram = 64 << 30
+    one = Cluster(gpu=cpu_spec(), num_nodes=1, gpus_per_node=1, host_ram_bytes_per_node=ram)
+    four = Cluster(gpu=cpu_spec(), num_nodes=1, gpus_per_node=4, host_ram_bytes_per_node=ram)
+    assert device_memory_bytes(one) == ram and device_memory_bytes(four) == ram // 4
+    spec, w = spec_of("qwen2.5-0.5b"), Workload(prompts_per_step=8, mini_batch_prompts=8, n=4)
+    k = Knobs(rollout_backend="hf", rollout_tp=1)
+    m1, m4 = estimate_memory(spec, one, w, k), estimate_memory(spec, four, w, k)
+    u1, u4 = m1.phases["update"].items, m4.phases["update"].items
+    assert u4["actor_params"] == -(-spec.num_params // 4) * 4 and u1["actor_params"] == spec.num_params * 4
+    # one process uses parameters in place; four gloo workers gather layers like FSDP
+    r1, r4 = m1.phases["rollout"].items, m4.phases["rollout"].items
+    assert r1["gathered_layers"] == 0 and r4["gathered_layers"] == 2 * spec.params_per_layer * 4
+    assert m4.host.items["process_rss"] == 4 * m1.host.items["process_rss"]
+
+
+def test_vllm_memory_device_counts_the_trainer_against_the_budget(spec_of, cluster_of) -> None:
+    """vLLM <= 0.8 sizes its KV cache from everything on the GPU at profile time (the actor's sharded
+    parameters and the process overheads included); >= 0.9 from its own memory only."""
+    args = (spec_of("qwen2.5-7b"), cluster_of("4xA6000"), Workload(), Knobs(rollout_tp=2, gpu_memory_utilization=0.6))
+    inst = estimate_memory(*args, target="verl")
+    dev = estimate_memory(*args[:3], args[3].model_copy(update={"vllm_memory": "device"}), target="verl")
+    actor = inst.phases["rollout"].items["actor_params"]
+    trainer_oh = sum(v for k, v in inst.phases["rollout"].items.items() if k.startswith("overhead_"))
+    assert inst.kv_cache_bytes_per_gpu - dev.kv_cache_bytes_per_gpu == actor + trainer_oh
+    assert dev.phases["rollout"].total_bytes < inst.phases["rollout"].total_bytes
+    offloaded = args[3].model_copy(update={"vllm_memory": "device", "param_offload": True})
+    assert estimate_memory(*args[:3], offloaded, target="verl").kv_cache_bytes_per_gpu > dev.kv_cache_bytes_per_gpu

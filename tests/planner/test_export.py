@@ -141,7 +141,10 @@ def test_trl_batch_sizes_count_completions() -> None:
     assert settings["num_generations"] == 8 and settings["max_completion_length"] == 1024
     assert settings["vllm_max_model_length"] == 1536 and settings["beta"] == 0.001
     assert settings["vllm_mode"] == "colocate" and settings["vllm_tensor_parallel_size"] == 2
-    assert settings["vllm_gpu_memory_utilization"] == 0.4 and settings["gradient_checkpointing"] is True
+    assert settings["vllm_gpu_memory_utilization"] == 0.4
+    # checkpointing is FSDP's (transformers refuses gradient_checkpointing together with it)
+    assert settings["fsdp"] is True and settings["fsdp_config"]["activation_checkpointing"] is True
+    assert settings["gradient_checkpointing"] is False and settings["fsdp_config"]["cpu_offload"] is False
     assert any("512 tokens" in n for n in notes)  # the prompt cap is a dataset filter in trl 1.16
 
 
@@ -172,3 +175,44 @@ def test_trl_keys_are_grpo_config_fields() -> None:
     fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     settings, _ = trl_settings(plan_for(Knobs(param_offload=True)))
     assert set(settings) <= fields
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [Knobs(), Knobs(param_offload=True, gradient_checkpointing=False), Knobs(placement="split")],
+    ids=["colocated", "offload", "server"],
+)
+def test_trl_settings_construct_a_grpo_config(knobs: Knobs, tmp_path) -> None:
+    """The emitted keyword arguments build the installed GRPOConfig (transformers' FSDP plugin included).
+
+    bf16 needs a GPU to validate; on a CPU-only host the GPU plan is built with bf16 off and use_cpu."""
+    trl = pytest.importorskip("trl")
+    torch = pytest.importorskip("torch")
+    settings, _ = trl_settings(plan_for(knobs))
+    assert settings["bf16"] is True and settings["fsdp"] is True
+    host = {} if torch.cuda.is_available() else {"bf16": False, "use_cpu": True}
+    config = trl.GRPOConfig(**{**settings, **host}, output_dir=str(tmp_path))
+    plugin = config.fsdp_plugin_args
+    assert plugin["fsdp_version"] == 2 and plugin["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert plugin["activation_checkpointing"] is knobs.gradient_checkpointing
+    assert plugin.get("cpu_offload", False) is knobs.param_offload
+    assert config.num_generations == settings["num_generations"]
+
+
+def test_trl_cpu_plan_constructs_verbatim(tmp_path) -> None:
+    trl = pytest.importorskip("trl")
+    inp = PlanInputs(model=model_ref(resolve_model("qwen3-0.6b")), cluster=parse_cluster("1xcpu"), target="trl")
+    settings, _ = trl_settings(evaluate(inp, Knobs(rollout_backend="hf", rollout_tp=1)))
+    assert settings["bf16"] is False and "fsdp" not in settings  # one process: nothing to shard
+    config = trl.GRPOConfig(**settings, output_dir=str(tmp_path))
+    assert config.gradient_checkpointing is True and not config.fsdp
+
+
+def test_verl_fixed_log_prob_micro_batch_and_v0_engine() -> None:
+    plan = plan_for(Knobs(log_prob_micro_batch_size_per_gpu=16, vllm_engine="v0"))
+    o = dict(verl_overrides(plan))
+    for role in ("rollout", "ref"):
+        assert o[f"actor_rollout_ref.{role}.log_prob_use_dynamic_bsz"] == "False"
+        assert o[f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu"] == "16"
+        assert f"actor_rollout_ref.{role}.log_prob_max_token_len_per_gpu" not in o
+    assert "VLLM_USE_V1=0" in verl_command(plan)

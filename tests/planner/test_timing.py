@@ -77,15 +77,65 @@ def test_decode_is_bounded_below_by_the_longest_response() -> None:
     w = Workload(prompts_per_step=1, mini_batch_prompts=1, n=1, prompt_len_tokens=16, response_len_tokens=2048)
     k = Knobs(rollout_tp=1)
     floor = 2048 * 2 * s.num_params / (3350e9 * T.DECODE_HBM_EFFICIENCY)
-    t = T.rollout_time_s(s, c, w, k, max_concurrent_seqs=64)
+    t = T.rollout_time_s(s, c, w, k, kv_cache_tokens_per_gpu=10**7)
     assert floor < t < 1.2 * floor
 
 
-def test_fewer_concurrent_sequences_means_more_waves() -> None:
+def test_decode_steps_follow_the_tail_or_the_kv_capacity() -> None:
+    """Continuous batching: max(longest response, generated tokens / concurrency) steps, where the
+    concurrency is the KV capacity at the expected sequence length, capped by max_num_seqs."""
     s, c = spec("qwen2.5-7b"), parse_cluster("8xA100-80G")
-    w, k = Workload(), Knobs()
-    times = [T.rollout_time_s(s, c, w, k, max_concurrent_seqs=m) for m in (1024, 256, 64, 16)]
-    assert times == sorted(times) and times[-1] > 3 * times[0]
+    w = Workload(prompt_len_mean_tokens=100, response_len_mean_tokens=200)  # 1024 × 5 responses, max 512 + 1024
+    k = Knobs(rollout_tp=2)  # 4 replicas of 1280 sequences
+    roomy = T.rollout_breakdown(s, c, w, k, kv_cache_tokens_per_gpu=10**9)
+    assert roomy.seqs_per_replica == 1280 and roomy.concurrency == 1024  # max_num_seqs caps
+    assert roomy.decode_steps == 1024  # the tail: some response reaches the cap
+    tight = T.rollout_breakdown(s, c, w, k, kv_cache_tokens_per_gpu=300 * 64)  # 64 sequences of 300 tokens
+    assert tight.concurrency == 64 and tight.decode_steps == 1280 * 200 // 64
+    assert T.rollout_time_s(s, c, w, k, 300 * 64) > 1.5 * T.rollout_time_s(s, c, w, k, 10**9)
+    short_tail = w.model_copy(update={"response_tail_tokens": 600})
+    assert T.rollout_breakdown(s, c, short_tail, k, 10**9).decode_steps == 600
+
+
+def test_expected_lengths_cost_less_than_the_maximum() -> None:
+    s, c, k = spec("qwen2.5-7b"), parse_cluster("8xA100-80G"), Knobs()
+    at_max = Workload()
+    gsm8k = Workload(prompt_len_mean_tokens=94, response_len_mean_tokens=198)
+    a, b = estimate_time(s, c, at_max, k), estimate_time(s, c, gsm8k, k)
+    for phase in ("rollout", "log_prob", "update"):
+        assert b.phases_s[phase] < a.phases_s[phase]
+    assert b.tokens_per_s == pytest.approx(gsm8k.responses_per_step * (94 + 198) / b.step_s)
+
+
+def test_v0_engine_pays_per_step_and_per_running_sequence() -> None:
+    """V0: 9 ms per decode step + 0.106 ms per running sequence per step (every generated token)."""
+    s, c = spec("qwen2.5-0.5b"), parse_cluster("8xA100-80G")
+    w = Workload(
+        prompts_per_step=256,
+        mini_batch_prompts=64,
+        n=2,
+        prompt_len_tokens=512,
+        response_len_tokens=192,
+        prompt_len_mean_tokens=104,
+        response_len_mean_tokens=145,
+    )
+    v1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), 10**9)
+    v0 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1, vllm_engine="v0"), 10**9)
+    generated = v1.seqs_per_replica * 145
+    extra = v1.decode_steps * T.VLLM_V0_STEP_OVERHEAD_S + generated * T.VLLM_V0_SEQ_STEP_OVERHEAD_S
+    assert v0.decode_overhead_s - v1.decode_overhead_s == pytest.approx(extra, rel=1e-9)
+    assert v0.decode_roofline_s == v1.decode_roofline_s
+
+
+def test_tp_all_reduces_cost_two_per_layer_per_step() -> None:
+    s, c = spec("qwen2.5-7b"), parse_cluster("8xH100")
+    w = Workload(prompt_len_mean_tokens=100, response_len_mean_tokens=200)
+    tp1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), 10**9)
+    tp4 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=4), 10**9)
+    assert tp1.decode_overhead_s == 0.0  # V1, CUDA graphs, no TP: nothing per step
+    batch = tp4.seqs_per_replica * 200 / tp4.decode_steps
+    per_step = 2 * s.num_layers * T.allreduce_s(batch * s.hidden_size * 2, 4, 450e9 * T.LINK_EFFICIENCY)
+    assert tp4.decode_overhead_s == pytest.approx(tp4.decode_steps * per_step, rel=1e-9)
 
 
 def test_step_time_monotone_in_workload() -> None:
@@ -133,9 +183,9 @@ def test_trl_skips_old_logprob_only_for_one_on_policy_update() -> None:
 
 def test_eager_and_hf_rollout_are_slower() -> None:
     s, c, w = spec("qwen2.5-7b"), parse_cluster("8xA100-80G"), Workload()
-    graphs = T.rollout_time_s(s, c, w, Knobs(), 256)
-    eager = T.rollout_time_s(s, c, w, Knobs(enforce_eager=True), 256)
-    hf = T.rollout_time_s(s, c, w, Knobs(rollout_backend="hf"), 256)
+    graphs = T.rollout_time_s(s, c, w, Knobs(), 256 * 1536)
+    eager = T.rollout_time_s(s, c, w, Knobs(enforce_eager=True), 256 * 1536)
+    hf = T.rollout_time_s(s, c, w, Knobs(rollout_backend="hf", max_num_seqs=256), 256 * 1536)
     assert graphs < eager < hf
 
 

@@ -16,7 +16,7 @@ from grpo_pilot.errors import InputError
 from grpo_pilot.profiles.spec import ModelSpec
 
 torch = pytest.importorskip("torch")
-from grpo_pilot.planner.traced import CATEGORIES, CUDA_MIN_BLOCK_BYTES, hf_config_from_spec, trace_update_step  # noqa: E402
+from grpo_pilot.verify.traced import CATEGORIES, CUDA_MIN_BLOCK_BYTES, hf_config_from_spec, trace_update_step  # noqa: E402
 
 TINY = ModelSpec(
     name="tiny-qwen2",
@@ -121,7 +121,8 @@ def test_checkpointing_cuts_activations(traces) -> None:
 
 
 def test_packed_row_adds_the_block_causal_mask() -> None:
-    """One-row packing under SDPA makes transformers build a [T, T] mask per layer; [B, S] rows (our engine's SDPA layout) have none."""
+    """One-row packing under SDPA makes transformers build a [T, T] mask per layer; [B, S] rows (our
+    engine's SDPA layout) have none."""
     torch.set_num_threads(1)
     kw = dict(
         world_size=2,
@@ -186,8 +187,10 @@ def test_hf_config_from_spec_builds_the_exact_parameter_count(alias: str) -> Non
     assert sum(math.prod(shape) for shape in _param_shapes(spec)) == spec.num_params
 
 
-def test_planner_import_does_not_import_torch() -> None:
-    code = "import sys, grpo_pilot.planner, grpo_pilot.planner.traced; sys.exit(1 if 'torch' in sys.modules else 0)"
+def test_verify_import_does_not_import_torch() -> None:
+    code = (
+        "import sys, grpo_pilot.verify.traced, grpo_pilot.verify.compare; sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
@@ -205,7 +208,7 @@ MAX_REL_ERROR = 0.03
 def comparisons() -> dict[bool, object]:
     from grpo_pilot.hardware import parse_cluster
     from grpo_pilot.planner.config import Knobs, Workload
-    from grpo_pilot.planner.traced import compare_with_analytic
+    from grpo_pilot.verify.compare import compare_with_analytic
 
     torch.set_num_threads(1)
     workload = Workload(prompts_per_step=16, mini_batch_prompts=4, n=4, prompt_len_tokens=128, response_len_tokens=384)
@@ -240,7 +243,7 @@ def test_analytic_update_total_matches_the_traced_peak(comparisons, ckpt: bool) 
 def test_comparison_refuses_what_it_cannot_trace() -> None:
     from grpo_pilot.hardware import parse_cluster
     from grpo_pilot.planner.config import Knobs, Workload
-    from grpo_pilot.planner.traced import compare_with_analytic
+    from grpo_pilot.verify.compare import compare_with_analytic
 
     with pytest.raises(InputError, match="param_offload=True"):
         compare_with_analytic(TINY, parse_cluster("2xH100"), Workload(), Knobs(param_offload=True))

@@ -1,7 +1,7 @@
 """Activation bytes of a decoder-only transformer for T tokens on one rank.
 
 Saved for backward per token per layer without checkpointing (HF eager layers, SDPA attention, bf16),
-traced on torch 2.13 / transformers 5.19 with the traced method (planner/traced.py, FSDP2 mem
+traced on torch 2.13 / transformers 5.19 with the traced method (verify/traced.py, FSDP2 mem
 tracker; layer count varied 4 → 8 and batch shape varied to separate the terms), exact to the byte
 for Qwen2.5-0.5B, Qwen2.5-1.5B, Llama-3.2-1B, Qwen3-0.6B and Qwen3-1.7B shapes:
 

@@ -15,9 +15,11 @@ B = min(max_num_seqs, responses this rank owns per step) sequences. Per GPU:
 
 from __future__ import annotations
 
+from grpo_pilot.units import FP32_BYTES
+
 from typing import NamedTuple
 
-FP32 = 4
+FP32 = FP32_BYTES
 
 
 class HfGenerate(NamedTuple):

@@ -33,12 +33,14 @@ trl (GRPOTrainer ≥ 1.x always patches a fused LM head, trl/kernels/chunked_log
 
 from __future__ import annotations
 
+from grpo_pilot.units import FP32_BYTES
+
 FUSED_LOGPROB_CHUNK_TOKENS = 1024  # our engine's chunk: grpo_pilot.engine imports this constant
 VERL_FUSED_CHUNK_TOKENS = 512  # verl FusedLinearForPPOFunction.forward(chunk_size=512)
 TRL_TOKEN_TILE = 4096  # trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE
 TRL_VOCAB_TILE = 32768  # trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE
 TRL_PER_TOKEN_STAT_BYTES = 7 * 4  # running max, sum-exp and five more fp32 vectors
-FP32 = 4
+FP32 = FP32_BYTES
 ENTROPY_MODES = ("none", "metric", "grad")
 
 

@@ -2,7 +2,7 @@
 
 A phase's transients do not all coexist; summing them over-counts (the traced method showed the
 lm_head/logits moment has no decoder layer gathered and no layer gradients). The update step's peak
-is the largest of four moments (traced with the FSDP2 memory tracker, planner/traced.py):
+is the largest of four moments (traced with the FSDP2 memory tracker, verify/traced.py):
 
   logits    end of forward / loss backward: root params gathered, saved activations, the logits
             temporaries (and Ulysses buffers).

@@ -17,8 +17,10 @@ The step runs after backward, when activations and logits are gone: it is its ow
 
 from __future__ import annotations
 
+from grpo_pilot.units import FP32_BYTES
+
 FOREACH_ADAMW_BYTES_PER_PARAM = 4
-FP32 = 4
+FP32 = FP32_BYTES
 
 
 def adam_step_temporary_bytes(

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-FP32_BYTES = 4
-BF16_BYTES = 2
+from grpo_pilot.units import BF16_BYTES, FP32_BYTES
+
 ADAM_STATE_BYTES = 2 * FP32_BYTES  # exp_avg + exp_avg_sq in fp32 (torch.optim.AdamW on fp32 params)
 
 

@@ -76,9 +76,16 @@ def vllm_budget(
     sampler_bytes_per_vocab_entry: int,
     cuda_graph_bytes_per_graph: int,
     cuda_graph_modes: int,
+    preexisting_bytes: int = 0,
 ) -> VllmBudget:
-    """Split one GPU's vLLM budget into weights, activation peak, buffers, graphs and KV cache."""
-    budget = int(gpu_memory_utilization * total_memory_bytes)
+    """Split one GPU's vLLM budget into weights, activation peak, buffers, graphs and KV cache.
+
+    `preexisting_bytes`: memory already in use on the GPU when the engine profiles, which vLLM <= 0.8
+    counts against the same budget (worker.determine_num_available_blocks / v1 gpu_worker
+    .determine_available_memory: KV = total × utilization − torch's process-wide allocated peak − every
+    non-torch allocation on the device); 0 for vLLM >= 0.9, whose memory_profiling measures only the
+    engine's own increase from its start snapshot."""
+    budget = int(gpu_memory_utilization * total_memory_bytes) - preexisting_bytes
     weights = -(-num_params // tensor_parallel) * weight_bytes
     per_token = forward_bytes_per_token(hidden, q_dim, kv_dim, intermediate, tensor_parallel, weight_bytes)
     sampler_reqs = min(max_num_seqs, max_num_batched_tokens)

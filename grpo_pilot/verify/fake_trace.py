@@ -1,4 +1,4 @@
-"""The torch plumbing of the traced method (planner/traced.py): HF config from a spec, the fake process
+"""The torch plumbing of the traced method (verify/traced.py): HF config from a spec, the fake process
 group, the two tracker adjustments torch 2.13 needs, and reading tracker snapshots.
 
 Adjustments (both undone on exit of `tracker_adjustments`):

@@ -1,0 +1,102 @@
+"""`ExecutorTraits`: what each executor (`Target`) does differently, in one place.
+
+The estimators ask these questions instead of testing `target == ...` themselves. Each trait names
+the executor behaviour it stands for and the source where it was read:
+
+- always_old_logprob: verl recomputes old log-probs every step (`compute_log_prob` in its PPO loop);
+  TRL (`_generate_and_score_completions`) and our engine (`engine/loop.py`) skip the pass when the
+  step is one on-policy update (one mini-batch, one epoch).
+- budget_scaled_by_sp: verl multiplies the per-GPU token budget by the Ulysses degree before it
+  splits the packed sequence (reference/verl-config.md); our engine and TRL do not.
+- offload_streams: FSDP2 CPUOffloadPolicy / ZeRO-3 offload keep shards on the host and stream them in
+  with every all-gather, stepping the optimizer on the host (our engine, TRL); verl loads offloaded
+  states back to the GPU for the phase that uses them and offloads them after (fsdp_workers).
+- keeps_rollout_engine: TRL colocate keeps vLLM's weights and KV cache allocated through training
+  (`vllm_enable_sleep_mode` defaults to False); verl and our engine free both (sleep level 2).
+- scores_all_positions: verl computes logits over every packed position and slices the response
+  afterwards (`logits_rmpad`); our engine (`logits_to_keep`) and TRL (fused head over labelled
+  positions) score the response positions only.
+- padding: what one micro-batch of B sequences holds. "remove": verl's `use_remove_padding` packs the
+  real tokens (the sum of B lengths); "sorted_rows": our engine right-pads length-sorted rows, so the
+  first micro-batch holds the B longest sequences (B × the longest); "batch_max": TRL pads every row
+  to the longest prompt and completion of the generation batch (B × the longest).
+- masked_rows: TRL builds a padding mask over [B, S] rows (a mask tensor per layer); verl
+  (flash-attention varlen) and our engine (SDPA `is_causal` on right-padded rows) build none.
+- log_prob_entropy / update_entropy: verl's old-log-prob pass computes entropy as a metric
+  (`compute_log_prob(calculate_entropy=True)`), its update only with a bonus; our engine's update
+  always computes it as a metric; TRL gets it from its fused head.
+- balances_batch: verl reorders every step's sequences so that each data-parallel rank holds the same
+  total tokens (trainer.balance_batch, default True: ray_trainer._balance_batch with
+  get_seqlen_balanced_partitions; its logs show global_seqlen/balanced_min == balanced_max), so a
+  micro-batch is a sample from a rank's share whose total is fixed; our engine and TRL do not.
+- fused_adamw_on_cpu: our engine steps a cpu run with torch's fused AdamW (engine/actor.py: one in-place
+  pass per tensor, no foreach temporaries); verl and TRL use the default (foreach) AdamW.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+Padding = Literal["remove", "sorted_rows", "batch_max"]
+
+
+class ExecutorTraits(NamedTuple):
+    name: str
+    always_old_logprob: bool
+    budget_scaled_by_sp: bool
+    offload_streams: bool
+    keeps_rollout_engine: bool
+    scores_all_positions: bool
+    padding: Padding
+    masked_rows: bool
+    log_prob_entropy: bool  # the old-policy pass computes entropy (no gradient)
+    update_entropy_metric: bool  # the update computes entropy even without a bonus
+    fused_adamw_on_cpu: bool = False
+    balances_batch: bool = False
+
+
+TRAITS: dict[str, ExecutorTraits] = {
+    "grpo-pilot": ExecutorTraits(
+        name="grpo-pilot",
+        always_old_logprob=False,
+        budget_scaled_by_sp=False,
+        offload_streams=True,
+        keeps_rollout_engine=False,
+        scores_all_positions=False,
+        padding="sorted_rows",
+        masked_rows=False,
+        log_prob_entropy=False,
+        update_entropy_metric=True,
+        fused_adamw_on_cpu=True,
+    ),
+    "verl": ExecutorTraits(
+        name="verl",
+        always_old_logprob=True,
+        budget_scaled_by_sp=True,
+        offload_streams=False,
+        keeps_rollout_engine=False,
+        scores_all_positions=True,
+        padding="remove",
+        masked_rows=False,
+        log_prob_entropy=True,
+        update_entropy_metric=False,
+        balances_batch=True,
+    ),
+    "trl": ExecutorTraits(
+        name="trl",
+        always_old_logprob=False,
+        budget_scaled_by_sp=False,
+        offload_streams=True,
+        keeps_rollout_engine=True,
+        scores_all_positions=False,
+        padding="batch_max",
+        masked_rows=True,
+        log_prob_entropy=False,
+        update_entropy_metric=False,
+    ),
+}
+
+
+def traits_for(target: str) -> ExecutorTraits:
+    """The traits of one executor (KeyError for an unknown target: inputs are validated before this)."""
+    return TRAITS[target]

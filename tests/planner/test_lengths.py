@@ -1,0 +1,153 @@
+"""Length statistics: quantiles of what a micro-batch holds, lengths files, and the workload they feed."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from grpo_pilot.errors import InputError
+from grpo_pilot.hardware import parse_cluster
+from grpo_pilot.planner.config import Knobs, Workload
+from grpo_pilot.planner.estimate import estimate_memory
+from grpo_pilot.planner.lengths import (
+    MEMORY_QUANTILE,
+    MEMORY_QUANTILE_Z,
+    lengths_of,
+    longest_of_z,
+    micro_batch_tokens,
+    one_quantile_tokens,
+    response_share,
+    std_bound,
+    sum_quantile_tokens,
+)
+from grpo_pilot.planner.lengths_file import read_lengths_jsonl, stats_of, workload_fields
+from grpo_pilot.planner.suggest import capped_response
+
+# verl's reference GRPO log (eric-haibin-lin/verl-data gsm8k/qwen2-7b-fsdp2.log): caps 512 / 1024,
+# prompt_length/mean ≈ 94, response_length/mean ≈ 198.
+GSM8K = Workload(
+    prompt_len_tokens=512, response_len_tokens=1024, prompt_len_mean_tokens=94.0, response_len_mean_tokens=198.0
+)
+
+
+def test_unknown_lengths_are_the_worst_case() -> None:
+    w = Workload()
+    lens = lengths_of(w)
+    assert w.at_max_lengths and lens.prompt_std == 0.0 and lens.response_std == 0.0
+    assert micro_batch_tokens(4, lens, "remove") == 4 * w.seq_len_tokens
+    assert micro_batch_tokens(4, lens, "sorted_rows", pool=64) == 4 * w.seq_len_tokens
+    assert response_share(lens) == pytest.approx(1024 / 1536, abs=1e-3)
+
+
+def test_bhatia_davis_bound_is_the_largest_std() -> None:
+    # a two-point distribution on {0, max} with this mean reaches the bound
+    mean, top = 200.0, 1000
+    p = mean / top
+    two_point_std = math.sqrt(p * (1 - p)) * top
+    assert std_bound(mean, top) == pytest.approx(two_point_std)
+    assert std_bound(top, top) == 0.0 and std_bound(0.0, top) == 0.0
+
+
+def test_sum_quantile_matches_simulation_and_stays_within_the_maxima() -> None:
+    """The CLT quantile of a sum of 64 lengths covers the simulated 0.999 quantile (uniform lengths)."""
+    rng = random.Random(0)
+    count, top = 64, 1000
+    sums = sorted(sum(rng.randint(0, top) for _ in range(count)) for _ in range(20000))
+    simulated = sums[int(MEMORY_QUANTILE * len(sums))]
+    std = top / math.sqrt(12)
+    predicted = sum_quantile_tokens(count, top / 2, std, top)
+    assert simulated <= predicted <= simulated * 1.02
+    assert sum_quantile_tokens(4, 900.0, 500.0, 1000) == 4000  # capped by count × max
+    assert sum_quantile_tokens(0, 100.0, 10.0, 1000) == 0
+    assert one_quantile_tokens(100.0, 10.0, 1000) == math.ceil(100 + MEMORY_QUANTILE_Z * 10)
+
+
+def test_longest_of_many_rows_sits_higher() -> None:
+    assert longest_of_z(1) == MEMORY_QUANTILE_Z
+    assert MEMORY_QUANTILE_Z < longest_of_z(4) < longest_of_z(256)
+    lens = lengths_of(GSM8K.model_copy(update={"prompt_len_std_tokens": 20.0, "response_len_std_tokens": 80.0}))
+    packed = micro_batch_tokens(8, lens, "remove")
+    sorted_rows = micro_batch_tokens(8, lens, "sorted_rows", pool=256)
+    assert 8 * lens.seq_mean < packed < sorted_rows < micro_batch_tokens(8, lens, "batch_max") == 8 * lens.seq_max
+
+
+def test_real_lengths_shrink_the_memory_peak(spec_of) -> None:
+    """The same verl job, worst case vs GSM8K-like lengths: activations follow the tokens a micro-batch
+    holds, the states do not."""
+    model, cluster = spec_of("qwen2-7b"), parse_cluster("8xH100")
+    knobs = Knobs(micro_batch_size_per_gpu=16, gradient_checkpointing=False)
+    worst = estimate_memory(model, cluster, GSM8K.worst_case(), knobs, target="verl")
+    real = estimate_memory(model, cluster, GSM8K, knobs, target="verl")
+    assert real.peak_gpu_bytes < worst.peak_gpu_bytes
+    upd_w, upd_r = worst.phases["update"].items, real.phases["update"].items
+    assert upd_r["actor_params"] == upd_w["actor_params"]
+    assert upd_r["activations"] < upd_w["activations"] / 2
+
+
+def test_capped_response_keeps_the_statistics_as_bounds() -> None:
+    w = GSM8K.model_copy(update={"response_len_std_tokens": 150.0, "response_tail_tokens": 900})
+    short = capped_response(w, 150)
+    assert short.response_len_tokens == 150 and short.response_len_mean_tokens == 150
+    assert short.response_len_std_tokens == 0.0 and short.response_tail_tokens == 150
+    longer = capped_response(w, 600)
+    assert longer.response_len_mean_tokens == 198.0 and longer.response_len_std_tokens == 150.0
+    assert capped_response(Workload(), 300).response_len_mean_tokens is None
+
+
+def _write(path: Path, rows: list[object]) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_lengths_file_statistics_and_workload_fields(tmp_path: Path) -> None:
+    rows = [{"step": i // 4, "prompt_tokens": 90 + i, "response_tokens": 100 + 10 * i} for i in range(8)]
+    stats = read_lengths_jsonl(_write(tmp_path / "lengths.jsonl", rows + [{"prompt_tokens": 98, "response_tokens": 0}]))
+    assert stats.count == 9 and stats.prompt_max == 98 and stats.response_max == 170
+    assert stats.prompt_mean == pytest.approx(sum(90 + i for i in range(8)) / 9 + 98 / 9)
+    fields = workload_fields(stats, 512, 1024, "lengths.jsonl")
+    w = Workload(**fields)
+    assert w.prompt_len_tokens == 512 and w.response_len_tokens == 1024 and w.response_tail_tokens == 170
+    assert w.response_len_std_tokens == pytest.approx(stats.response_std)
+    # caps default to the largest observed
+    assert Workload(**workload_fields(stats, None, None, "x")).response_len_tokens == 170
+    with pytest.raises(InputError, match="above --response-len 150"):
+        workload_fields(stats, 512, 150, "lengths.jsonl")
+
+
+def test_prompt_only_statistics_keep_the_response_cap() -> None:
+    fields = workload_fields(stats_of([10, 20, 30]), 64, 256, "data.jsonl")
+    assert fields["response_len_tokens"] == 256 and "response_len_mean_tokens" not in fields
+    assert fields["prompt_len_mean_tokens"] == 20.0
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("not json\n", "not valid JSON"),
+        ('{"prompt_tokens": 3}\n', "no prompt_tokens / response_tokens"),
+        ('{"prompt_tokens": -1, "response_tokens": 2}\n', "non-negative integer"),
+        ('{"prompt_tokens": 1.5, "response_tokens": 2}\n', "non-negative integer"),
+        ("\n\n", "has no samples"),
+    ],
+)
+def test_bad_lengths_files_are_input_errors(tmp_path: Path, content: str, expected: str) -> None:
+    path = tmp_path / "lengths.jsonl"
+    path.write_text(content)
+    with pytest.raises(InputError, match=expected):
+        read_lengths_jsonl(path)
+    with pytest.raises(InputError, match="No lengths file"):
+        read_lengths_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_balanced_partitions_shrink_the_spread_of_a_share() -> None:
+    """verl balances each step's tokens across ranks: a micro-batch drawn from a rank's share varies less
+    (finite-population factor), and the whole share is exactly its mean."""
+    free = sum_quantile_tokens(40, 300.0, 100.0, 1536)
+    balanced = sum_quantile_tokens(40, 300.0, 100.0, 1536, population=160)
+    assert 40 * 300 < balanced < free
+    assert (balanced - 12000) == pytest.approx((free - 12000) * math.sqrt(120 / 159), abs=1)
+    assert sum_quantile_tokens(160, 300.0, 100.0, 1536, population=160) == 160 * 300
