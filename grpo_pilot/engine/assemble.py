@@ -18,7 +18,7 @@ from grpo_pilot.engine.actor import Actor, LossSettings
 from grpo_pilot.engine.data import PromptSampler, PromptSet, load_prompts, render_prompt
 from grpo_pilot.engine.model_factory import build_model, build_tokenizer
 from grpo_pilot.engine.profiling import PhaseProfiler
-from grpo_pilot.engine.rewards import build_reward
+from grpo_pilot.engine.rewards import RewardSettings, build_reward
 from grpo_pilot.engine.rollout import RolloutBackend, SamplingConfig, build_rollout
 from grpo_pilot.engine.run_config import RunConfig
 from grpo_pilot.errors import InputError
@@ -141,9 +141,18 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
 
     source = model_source(plan, plan_path)
     tokenizer = build_tokenizer(source)
-    prompts = load_prompts(cfg.dataset, fmt=cfg.dataset_format, transform=cfg.transform, skip_invalid=cfg.skip_invalid)
+    prompts = load_prompts(
+        cfg.dataset,
+        fmt=cfg.dataset_format,
+        transform=cfg.transform,
+        skip_invalid=cfg.skip_invalid,
+        timeout_s=cfg.user_code_timeout_s,
+    )
     prompt_ids = tokenize_prompts(prompts, tokenizer, w.prompt_len_tokens)
-    reward = build_reward(cfg.reward, tokenizer=tokenizer)
+    settings = RewardSettings(
+        user_code_timeout_s=cfg.user_code_timeout_s, allow_unsandboxed_code=cfg.allow_unsandboxed_code
+    )
+    reward = build_reward(cfg.reward, tokenizer=tokenizer, settings=settings)
     reward.check_records(prompts.records)  # e.g. exact_match needs an answer on every record: fail before training
 
     vocab = plan.model.spec.vocab_size

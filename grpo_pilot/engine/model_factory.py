@@ -104,12 +104,18 @@ def build_gguf_model(model: str, *, dtype: str = "float32") -> Any:
     directory, filename = _gguf_location(model)
     with _quiet_transformers():
         try:
-            return AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=getattr(torch, dtype))
+            net = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=getattr(torch, dtype))
         except (ValueError, OSError, KeyError, RuntimeError) as exc:
             raise InputError(
                 f"transformers could not load the GGUF model '{model}' ({type(exc).__name__}: {exc}).",
                 "Check that the 'gguf' package is installed and the file is a complete GGUF model.",
             ) from exc
+    # the weights are plain de-quantised tensors now; without this, save_pretrained (the vLLM rollout's
+    # model directory) refuses the model as "quantized with GGUF and not serializable"
+    quantizer = getattr(net, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(net)
+    return net
 
 
 def build_gguf_tokenizer(model: str) -> Any:
