@@ -50,7 +50,8 @@ class Engine:
 
 
 def model_source(plan: Plan, plan_path: str | Path | None) -> str:
-    """The plan's model as `build_model` takes it: a local directory/config (as given, or next to the plan) or an alias."""
+    """The plan's model as `build_model` takes it: a local directory/config/GGUF file (as given, or next to
+    the plan) or an alias."""
     requested = plan.model.requested
     for candidate in (Path(requested), Path(plan.model.resolved)):
         if candidate.exists():
@@ -77,7 +78,8 @@ def tokenize_prompts(prompts: PromptSet, tokenizer: Any, max_tokens: int) -> lis
         ids = list(tokenizer(render_prompt(rec, tokenizer), add_special_tokens=False)["input_ids"])
         if not 1 <= len(ids) <= max_tokens:
             raise InputError(
-                f"{prompts.source}:{rec.line}: the prompt has {len(ids)} tokens; the plan allows 1 to {max_tokens} (prompt_len_tokens).",
+                f"{prompts.source}:{rec.line}: the prompt has {len(ids)} tokens; "
+                f"the plan allows 1 to {max_tokens} (prompt_len_tokens).",
                 "Shorten or drop that record, or re-plan with a larger --prompt-len.",
             )
         out.append(ids)

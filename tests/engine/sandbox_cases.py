@@ -145,7 +145,8 @@ def parent_cannot_be_signalled(mechanism: str) -> tuple[bool, str]:
     )
     try:
         ok, detail = _judged(code, ADD_TEST, (True,), mechanism)
-        everyone, _ = _judged("import os, signal\nos.kill(-1, signal.SIGUSR1)\n", ("assert 1 == 1",), (True,), mechanism)
+        kill_all = "import os, signal\nos.kill(-1, signal.SIGUSR1)\n"
+        everyone, _ = _judged(kill_all, ("assert 1 == 1",), (True,), mechanism)
         time.sleep(0.2)
     finally:
         signal.signal(signal.SIGUSR1, previous)

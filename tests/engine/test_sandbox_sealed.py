@@ -18,7 +18,9 @@ def ended(*indices: int) -> list[dict[str, object]]:
 
 
 def test_expected_literals_never_reach_the_sandbox() -> None:
-    sealed = seal_tests(["assert add(2, 3) == 5", "assert abs(area(2) - 12.566370614) < 1e-6", "assert f('x') == 'SEKRIT'"])
+    sealed = seal_tests(
+        ["assert add(2, 3) == 5", "assert abs(area(2) - 12.566370614) < 1e-6", "assert f('x') == 'SEKRIT'"]
+    )
     assert sealed.sources[0] == "__grpo_probe__(0, lambda: add(2, 3))"
     assert sealed.sources[1] == "__grpo_probe__(1, lambda: area(2))"
     assert "SEKRIT" not in sealed.sources[2] and "12.566" not in sealed.sources[1] and "5" not in sealed.sources[0]
