@@ -1,7 +1,7 @@
 """Write arithmetic prompts for the SmolLM2 example: `python examples/smollm2/make_data.py OUT.jsonl [N] [SEED]`.
 
-Each line is {"prompt": "What is 17 + 25? ... \\boxed{}.", "answer": "42"}: two-digit additions and
-subtractions, generated locally from a seeded RNG (same N and seed, same file).
+Each line is {"prompt": "What is 17 + 5? Answer with the number only.", "answer": "22"}: additions and
+subtractions of numbers from 1 to 20, generated locally from a seeded RNG (same N and seed, same file).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import random
 import sys
 from pathlib import Path
 
-INSTRUCTION = "Put only the final number in \\boxed{}."
+INSTRUCTION = "Answer with the number only."
 
 
 def make_records(count: int, seed: int) -> list[dict[str, str]]:
     rng = random.Random(seed)
     records = []
     for _ in range(count):
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = rng.randint(1, 20), rng.randint(1, 20)
         op = rng.choice("+-")
         value = a + b if op == "+" else a - b
         records.append({"prompt": f"What is {a} {op} {b}? {INSTRUCTION}", "answer": str(value)})
