@@ -123,7 +123,7 @@ def sandbox_uid() -> int | None:
     return NOBODY_ID if os.geteuid() == 0 else None
 
 
-def _as_user(uid: int | None) -> dict[str, object]:
+def as_user(uid: int | None) -> dict[str, object]:
     return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
 
@@ -140,7 +140,7 @@ def interpreter_for(uid: int | None) -> Interpreter | None:
         seen.add(path)
         try:
             out = subprocess.run(
-                [path, "-I", "-S", "-c", show], capture_output=True, timeout=PROBE_TIMEOUT_S, cwd="/", **_as_user(uid)
+                [path, "-I", "-S", "-c", show], capture_output=True, timeout=PROBE_TIMEOUT_S, cwd="/", **as_user(uid)
             )
         except (OSError, subprocess.SubprocessError):
             continue
@@ -255,7 +255,7 @@ def probe(mechanism: Mechanism) -> IsolationReport:
             timeout=PROBE_TIMEOUT_S,
             env=launch_env(mechanism),
             cwd="/",
-            **_as_user(uid),
+            **as_user(uid),
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return IsolationReport(mechanism=mechanism, available=False, tool=tool, reason=f"could not start: {exc}")

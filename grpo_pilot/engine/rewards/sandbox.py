@@ -201,21 +201,26 @@ def run_tests(
         uid = iso.sandbox_uid()
         found = iso.interpreter_for(uid)
         assert found is not None, "resolve_isolation checked that an interpreter exists"
-        interpreter, env, user = found, iso.launch_env(mechanism), iso._as_user(uid)
+        interpreter, env, user = found, iso.launch_env(mechanism), iso.as_user(uid)
     mode = "bare" if mechanism == "none" else "ns"
     try:
         start = time.perf_counter()
-        proc = subprocess.Popen(
-            iso.command(mechanism, interpreter, _harness_source(), mode, limits.tmp_bytes),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=str(work) if work else "/",
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-            **user,  # type: ignore[arg-type]
-        )
+        try:
+            proc = subprocess.Popen(
+                iso.command(mechanism, interpreter, _harness_source(), mode, limits.tmp_bytes),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=str(work) if work else "/",
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                **user,  # type: ignore[arg-type]
+            )
+        except OSError as exc:
+            raise RunError(
+                f"The code sandbox ({mechanism}) could not be started: {exc}.", "Check `grpo-run --check-sandbox`."
+            ) from None
         writer = threading.Thread(target=_feed, args=(proc, json.dumps(payload).encode()), daemon=True)
         writer.start()
         try:
