@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
+from grpo_pilot.engine.data.callables import DEFAULT_USER_CODE_TIMEOUT_S
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 
@@ -60,7 +61,10 @@ class RunConfig(Frozen):
     skip_invalid: bool = Field(default=False, description="Skip (and count) invalid records instead of stopping.")
     reward: str = Field(description="Reward spec, e.g. 'char_fraction:char=a' or 'exact_match=1.0,format=0.5'.")
     user_code_timeout_s: float = Field(
-        default=60.0, gt=0, le=86_400, description="Limit per call of a user reward function or data transform."
+        default=DEFAULT_USER_CODE_TIMEOUT_S,
+        gt=0,
+        le=86_400,
+        description="Limit per call of a user reward function or data transform.",
     )
     allow_unsandboxed_code: bool = Field(
         default=False, description="Let the code reward run without a sandbox where none is available (unsafe)."
