@@ -178,6 +178,15 @@ def secrets_are_unreadable(mechanism: str) -> tuple[bool, str]:
         os.environ.pop("GRPO_TEST_SECRET", None)
 
 
+def no_nested_user_namespace(mechanism: str) -> tuple[bool, str]:
+    """The code cannot create a user namespace of its own (where it would hold capabilities again)."""
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "nested = 'created' if libc.unshare(0x10000000) == 0 else os.strerror(ctypes.get_errno())\n"
+    )
+    return _judged(code, ("assert nested == 'created'",), (False,), mechanism)
+
+
 CASES: dict[str, Callable[[str], tuple[bool, str]]] = {
     "correct_solution_passes": correct_solution_passes,
     "network_connect_fails": network_connect_fails,
@@ -185,6 +194,7 @@ CASES: dict[str, Callable[[str], tuple[bool, str]]] = {
     "no_process_survives": no_process_survives,
     "parent_cannot_be_signalled": parent_cannot_be_signalled,
     "secrets_are_unreadable": secrets_are_unreadable,
+    "no_nested_user_namespace": no_nested_user_namespace,
     **{f"forged_pass_{name}": (lambda m, n=name: forged_pass_is_impossible(m, n)) for name in FORGERS},
 }
 
