@@ -19,6 +19,21 @@ from grpo_pilot.cli import handle_errors
 app = typer.Typer(add_completion=False, help="Run GRPO for a plan.json and compare measured memory/time with the plan.")
 
 
+def _check_sandbox(value: bool) -> None:
+    """`--check-sandbox`: print what isolation the code reward gets here; exit 0 if any, 1 if none."""
+    if not value:
+        return
+    from grpo_pilot.engine.rewards.isolation import choose, describe_reports, probe
+
+    print(describe_reports([probe("bwrap"), probe("unshare")]))
+    chosen = choose("auto")
+    if chosen.available:
+        print(f"=> the code reward runs in: {chosen.mechanism}")
+    else:
+        print("=> no isolation here: the code reward refuses to run unless --allow-unsandboxed-code is given")
+    raise typer.Exit(0 if chosen.available else 1)
+
+
 @app.command()
 @handle_errors
 def main(
@@ -50,6 +65,18 @@ def main(
         [], "--set", help="Any run setting as KEY=VALUE (repeatable), e.g. --set clip_high=0.28."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live display and no summary table."),
+    allow_unsandboxed_code: bool = typer.Option(
+        False,
+        "--allow-unsandboxed-code",
+        help="Let the code reward run with resource limits only where no sandbox (bwrap/unshare) works.",
+    ),
+    check_sandbox: bool = typer.Option(
+        False,
+        "--check-sandbox",
+        is_eager=True,
+        callback=_check_sandbox,
+        help="Print which isolation the code reward gets on this machine, then exit (no plan needed).",
+    ),
 ) -> None:
     """Run GRPO for PLAN and write metrics.jsonl, checkpoints and profile.json."""
     from rich.console import Console
@@ -76,6 +103,7 @@ def main(
         "resume": resume or None,
         "device": device,
         "threads": threads,
+        "allow_unsandboxed_code": allow_unsandboxed_code or None,
     }
     flags.update(parse_set_option(set_))
     cfg = build_run_config(file_values, flags, source=f"run config ({config})" if config else "command line")

@@ -18,7 +18,7 @@ from grpo_pilot.engine.actor import Actor, LossSettings
 from grpo_pilot.engine.data import PromptSampler, PromptSet, load_prompts, render_prompt
 from grpo_pilot.engine.model_factory import build_model, build_tokenizer
 from grpo_pilot.engine.profiling import PhaseProfiler
-from grpo_pilot.engine.rewards import build_reward
+from grpo_pilot.engine.rewards import RewardSettings, build_reward
 from grpo_pilot.engine.rollout import RolloutBackend, SamplingConfig, build_rollout
 from grpo_pilot.engine.run_config import RunConfig
 from grpo_pilot.errors import InputError
@@ -50,7 +50,8 @@ class Engine:
 
 
 def model_source(plan: Plan, plan_path: str | Path | None) -> str:
-    """The plan's model as `build_model` takes it: a local directory/config (as given, or next to the plan) or an alias."""
+    """The plan's model as `build_model` takes it: a local directory/config/GGUF file (as given, or next to
+    the plan) or an alias."""
     requested = plan.model.requested
     for candidate in (Path(requested), Path(plan.model.resolved)):
         if candidate.exists():
@@ -77,7 +78,8 @@ def tokenize_prompts(prompts: PromptSet, tokenizer: Any, max_tokens: int) -> lis
         ids = list(tokenizer(render_prompt(rec, tokenizer), add_special_tokens=False)["input_ids"])
         if not 1 <= len(ids) <= max_tokens:
             raise InputError(
-                f"{prompts.source}:{rec.line}: the prompt has {len(ids)} tokens; the plan allows 1 to {max_tokens} (prompt_len_tokens).",
+                f"{prompts.source}:{rec.line}: the prompt has {len(ids)} tokens; "
+                f"the plan allows 1 to {max_tokens} (prompt_len_tokens).",
                 "Shorten or drop that record, or re-plan with a larger --prompt-len.",
             )
         out.append(ids)
@@ -141,9 +143,18 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
 
     source = model_source(plan, plan_path)
     tokenizer = build_tokenizer(source)
-    prompts = load_prompts(cfg.dataset, fmt=cfg.dataset_format, transform=cfg.transform, skip_invalid=cfg.skip_invalid)
+    prompts = load_prompts(
+        cfg.dataset,
+        fmt=cfg.dataset_format,
+        transform=cfg.transform,
+        skip_invalid=cfg.skip_invalid,
+        timeout_s=cfg.user_code_timeout_s,
+    )
     prompt_ids = tokenize_prompts(prompts, tokenizer, w.prompt_len_tokens)
-    reward = build_reward(cfg.reward, tokenizer=tokenizer)
+    settings = RewardSettings(
+        user_code_timeout_s=cfg.user_code_timeout_s, allow_unsandboxed_code=cfg.allow_unsandboxed_code
+    )
+    reward = build_reward(cfg.reward, tokenizer=tokenizer, settings=settings)
     reward.check_records(prompts.records)  # e.g. exact_match needs an answer on every record: fail before training
 
     vocab = plan.model.spec.vocab_size

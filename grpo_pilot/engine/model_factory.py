@@ -4,6 +4,8 @@
   randomly initialised model of that exact shape; a local directory with weights loads them.
 - Tokenizers are built locally: the directory's own tokenizer files when present, else a
   character-level WordLevel tokenizer (every printable ASCII character is one token).
+- A GGUF file (a path ending in .gguf or a packaged alias, `profiles/gguf.py`) gives the pretrained model
+  and its tokenizer, both read by transformers' GGUF loader (weights de-quantised to `dtype`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,75 @@ def _config_dict(model: str) -> tuple[dict[str, Any], Path | None]:
     return {k: v for k, v in cfg.items() if not k.startswith("_")}, None
 
 
+def _gguf_location(model: str) -> tuple[str, str]:
+    """(directory, file name) of a GGUF model, as transformers' `gguf_file=` loading takes them."""
+    from grpo_pilot.profiles.gguf import resolve_gguf_path
+
+    path = resolve_gguf_path(model).resolve()
+    return str(path.parent), path.name
+
+
+def _quiet_transformers() -> Any:
+    """Context in which transformers' own progress bars (GGUF de-quantisation, weight loading) stay off."""
+    import contextlib
+
+    from transformers.utils import logging as hf_logging
+
+    @contextlib.contextmanager
+    def quiet() -> Any:
+        import functools
+
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+        was_enabled = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        bar = gguf_utils.tqdm  # the GGUF loader uses plain tqdm, which the transformers switch does not reach
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+        try:
+            yield
+        finally:
+            gguf_utils.tqdm = bar
+            if was_enabled:
+                hf_logging.enable_progress_bar()
+
+    return quiet()
+
+
+def build_gguf_model(model: str, *, dtype: str = "float32") -> Any:
+    """The pretrained model in a GGUF file, de-quantised to `dtype` by transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    directory, filename = _gguf_location(model)
+    with _quiet_transformers():
+        try:
+            net = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=getattr(torch, dtype))
+        except (ValueError, OSError, KeyError, RuntimeError) as exc:
+            raise InputError(
+                f"transformers could not load the GGUF model '{model}' ({type(exc).__name__}: {exc}).",
+                "Check that the 'gguf' package is installed and the file is a complete GGUF model.",
+            ) from exc
+    # the weights are plain de-quantised tensors now; without this, save_pretrained (the vLLM rollout's
+    # model directory) refuses the model as "quantized with GGUF and not serializable"
+    quantizer = getattr(net, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(net)
+    return net
+
+
+def build_gguf_tokenizer(model: str) -> Any:
+    """The tokenizer stored in a GGUF file (left padding; pad = eos when the file names no pad token)."""
+    from transformers import AutoTokenizer
+
+    directory, filename = _gguf_location(model)
+    with _quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
 def has_weights(directory: Path | None) -> bool:
     return directory is not None and any((directory / f).exists() for f in WEIGHT_FILES)
 
@@ -72,6 +143,10 @@ def build_model(model: str, *, seed: int = 0, dtype: str = "float32", vocab_size
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from grpo_pilot.profiles.gguf import is_gguf_ref
+
+    if is_gguf_ref(model):
+        return build_gguf_model(model, dtype=dtype)
     cfg_dict, directory = _config_dict(model)
     torch_dtype = getattr(torch, dtype)
     if has_weights(directory):
@@ -96,6 +171,10 @@ def build_tokenizer(model: str) -> Any:
     """The directory's tokenizer files if it has them, else the local character tokenizer."""
     from transformers import AutoTokenizer
 
+    from grpo_pilot.profiles.gguf import is_gguf_ref
+
+    if is_gguf_ref(model):
+        return build_gguf_tokenizer(model)
     _, directory = _config_dict(model)
     if directory is not None and (
         (directory / "tokenizer.json").exists() or (directory / "tokenizer_config.json").exists()

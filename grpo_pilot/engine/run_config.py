@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
+from grpo_pilot.engine.data.callables import DEFAULT_USER_CODE_TIMEOUT_S
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 
@@ -29,7 +30,18 @@ LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
 # Fields that change nothing about what a step computes: a resumed run may differ in these.
 # (share_prompts reorders the same arithmetic: equal log-probs and gradients up to float rounding.)
 NOT_HASHED: frozenset[str] = frozenset(
-    {"steps", "output_dir", "checkpoint_every", "keep_checkpoints", "resume", "cpu_memory", "threads", "share_prompts"}
+    {
+        "steps",
+        "output_dir",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "resume",
+        "cpu_memory",
+        "threads",
+        "share_prompts",
+        "user_code_timeout_s",
+        "allow_unsandboxed_code",
+    }
 )
 
 
@@ -48,6 +60,15 @@ class RunConfig(Frozen):
     )
     skip_invalid: bool = Field(default=False, description="Skip (and count) invalid records instead of stopping.")
     reward: str = Field(description="Reward spec, e.g. 'char_fraction:char=a' or 'exact_match=1.0,format=0.5'.")
+    user_code_timeout_s: float = Field(
+        default=DEFAULT_USER_CODE_TIMEOUT_S,
+        gt=0,
+        le=86_400,
+        description="Limit per call of a user reward function or data transform.",
+    )
+    allow_unsandboxed_code: bool = Field(
+        default=False, description="Let the code reward run without a sandbox where none is available (unsafe)."
+    )
 
     # schedule and optimizer (verl actor.optim defaults)
     steps: int = Field(default=100, ge=1, description="GRPO steps (rollout batches) to run.")

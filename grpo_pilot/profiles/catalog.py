@@ -15,6 +15,7 @@ from pathlib import Path
 
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
+from grpo_pilot.profiles.gguf import gguf_spec, is_gguf_ref, packaged_hub_id
 from grpo_pilot.profiles.spec import ModelSpec, load_hf_config, spec_from_hf_config
 
 # Short aliases: a size without a version means the newest dense family that has that size
@@ -82,7 +83,13 @@ def _load_bundled(canonical: str) -> tuple[dict, ModelSpec]:
 
 
 def resolve_model(name: str) -> ResolvedModel:
-    """Resolve a bundled alias, a hub id of a bundled model, or a local HF directory / config.json."""
+    """Resolve a bundled alias, a hub id of a bundled model, a local HF directory / config.json, or a GGUF file
+    (a path ending in .gguf, or a packaged alias such as smollm2-135m-gguf; see profiles/gguf.py)."""
+    if is_gguf_ref(name):
+        path, spec = gguf_spec(name)
+        return ResolvedModel(
+            requested=name, resolved=str(path), hub_id=packaged_hub_id(name), published_params=None, spec=spec
+        )
     path = Path(name).expanduser()
     if path.exists():
         cfg, display = load_hf_config(path)
@@ -100,8 +107,8 @@ def resolve_model(name: str) -> ResolvedModel:
         suggestion = f"Closest: {', '.join(close)}. " if close else ""
         raise InputError(
             f"Unknown model '{name}'.",
-            f"{suggestion}Use a bundled alias (`grpo-plan --list-models`) or a path to an HF model directory "
-            "or config.json.",
+            f"{suggestion}Use a bundled alias (`grpo-plan --list-models`), a path to an HF model directory or "
+            "config.json, or a GGUF file.",
         )
     cfg, spec = _load_bundled(canonical)
     return ResolvedModel(

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 
 from grpo_pilot.engine.data import PromptRecord, load_prompts
-from grpo_pilot.engine.rewards import SandboxLimits, build_reward, extract_code, run_tests
+from grpo_pilot.engine.rewards import RewardSettings, SandboxLimits, build_reward, extract_code, run_tests
+from grpo_pilot.engine.rewards import isolation
 from grpo_pilot.errors import InputError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
@@ -72,10 +72,10 @@ def test_forks_are_capped_and_reaped() -> None:
         "    forks += 1\n"
     )
     limits = FAST.model_copy(update={"max_procs": 8})
-    result = run_tests(code, ("assert 0 < forks < 8",), limits)
+    result = run_tests(code, ("assert 0 < forks <= 8",), limits)
     assert result.status == "ok" and result.passed == (True,)
     # every forked sleeper is gone: a second run can fork just as many again
-    again = run_tests(code, ("assert 0 < forks < 8",), limits)
+    again = run_tests(code, ("assert 0 < forks <= 8",), limits)
     assert again.passed == (True,)
 
 
@@ -83,22 +83,47 @@ def test_exits_stdin_and_faked_output_do_not_pass() -> None:
     tests = ("assert f() == 1",)
     assert run_tests("import sys\nsys.exit(0)", tests, FAST).status == "solution_error"
     assert run_tests("x = input()", tests, FAST).passed == (False,)  # stdin is closed: EOFError at once
-    fake = "print('test 0 pass')\nopen('../results', 'a').write('x test 0 pass\\n')\ndef f():\n    return 2"
+    fake = "print('test 0 pass')\nprint('{\"k\": \"test\", \"i\": 0, \"ok\": true}')\ndef f():\n    return 2"
     assert run_tests(fake, tests, FAST).passed == (False,)
 
 
-def test_code_cannot_write_outside_its_directory(tmp_path: Path) -> None:
+def test_code_writes_only_inside_its_sandbox(tmp_path: Path) -> None:
     target = tmp_path / "owned.txt"
-    code = f"open({str(target)!r}, 'w').write('x')\nwritten = True"
+    code = f"try:\n    open({str(target)!r}, 'w').write('x')\n    written = True\nexcept OSError:\n    written = False"
     result = run_tests(code, ("assert written",), FAST)
-    if os.geteuid() == 0:  # dropped to nobody: the test's tmp dir is not writable for it
-        assert result.isolation.startswith("nobody") and result.passed == (False,) and not target.exists()
-    else:
-        assert result.isolation == "user"
+    assert result.passed == (False,) and not target.exists()
+    assert result.isolation.split(",")[0] in {"bwrap", "unshare"}
     inside = run_tests(
         "open('scratch.txt', 'w').write('ok')\nok = open('scratch.txt').read()", ("assert ok == 'ok'",), FAST
     )
     assert inside.passed == (True,)
+
+
+def _no_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = isolation.IsolationReport(mechanism="bwrap", available=False, reason="not installed (test)")
+    monkeypatch.setattr(isolation, "choose", lambda requested: missing)
+    monkeypatch.setattr(isolation, "probe", lambda mechanism: missing.model_copy(update={"mechanism": mechanism}))
+
+
+def test_without_a_sandbox_the_code_reward_refuses_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_sandbox(monkeypatch)
+    with pytest.raises(InputError, match="gives no sandbox for it") as info:
+        build_reward("code")
+    assert "--allow-unsandboxed-code" in info.value.hint
+    with pytest.raises(InputError, match="without a sandbox"):
+        build_reward("code:sandbox=none")
+    allowed = build_reward("code:timeout_s=5", settings=RewardSettings(allow_unsandboxed_code=True))
+    records = load_prompts(EXAMPLES / "code.jsonl").records
+    result = allowed.score([fence("def add(a, b):\n    return a + b")], [records[0]])
+    assert result.total == (1.0,)
+
+
+def test_an_explicit_mechanism_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    for mechanism in ("bwrap", "unshare"):
+        if not isolation.probe(mechanism).available:
+            continue
+        result = run_tests("def f():\n    return 1", ("assert f() == 1",), FAST, isolation=mechanism)
+        assert result.passed == (True,) and result.isolation.startswith(mechanism)
 
 
 def test_code_reward_requires_tests_on_every_record() -> None:

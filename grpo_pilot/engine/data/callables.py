@@ -5,6 +5,11 @@ Used for data transforms and user reward functions. The part after the last ':' 
 imported under a private module name; otherwise it is a module imported from `sys.path` plus the
 current directory (appended, so it never shadows installed packages). Every failure is an
 `InputError` that names the reference and what to fix.
+
+`UserFunction(ref, role=..., timeout_s=...)` is how the engine runs user code: in a worker process
+(`user_worker.py`), with a per-call timeout, so that a hang, `sys.exit()`, `KeyboardInterrupt` or a
+crashing extension inside the user's function becomes an error naming it instead of ending or hanging
+the run.
 """
 
 from __future__ import annotations
@@ -14,10 +19,16 @@ import importlib
 import importlib.util
 import inspect
 import os
+import pickle
+import select
+import signal
+import subprocess
 import sys
+import time
+import weakref
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from grpo_pilot.errors import InputError
 
@@ -104,3 +115,171 @@ def load_callable(ref: str, *, role: str) -> Callable[..., Any]:
     if not callable(target):
         raise InputError(f"The {role} '{ref}' is a {type(target).__name__}, not a function.", "Point at a function.")
     return target
+
+
+DEFAULT_USER_CODE_TIMEOUT_S = 60.0
+
+
+class UserCodeError(Exception):
+    """One call of user code failed. `kind`: raised | timeout | died | unpicklable; `text` describes it."""
+
+    def __init__(self, kind: str, text: str, exc_type: str = "") -> None:
+        super().__init__(text)
+        self.kind, self.text, self.exc_type = kind, text, exc_type
+
+    @property
+    def is_exit(self) -> bool:
+        return self.exc_type in ("SystemExit", "KeyboardInterrupt")
+
+
+def user_code_hint(exc: UserCodeError, timeout_s: float, should: str) -> str:
+    """What to do about a failed call of user code; `should` says what the function must do instead."""
+    if exc.kind == "timeout":
+        return (
+            f"Make it faster, or allow more time per call: --set user_code_timeout_s=SECONDS "
+            f"(now {timeout_s:g}; also a run-config setting)."
+        )
+    if exc.is_exit:
+        return f"User code may not end the run: {should}, or raise an ordinary exception."
+    if exc.kind == "died":
+        return "Call the function on that input by itself to see why its process ended."
+    if exc.kind == "unpicklable":
+        return f"{should[0].upper()}{should[1:]} made of plain Python values (numbers, strings, lists, dicts)."
+    return f"Fix the function; it must {should}."
+
+
+class UserFunction:
+    """A user callable (`module:function` / `file.py:function`) run in its own worker process.
+
+    Importing and calling happen in the worker (`user_worker.py`): a call that runs longer than
+    `timeout_s` is stopped by killing the worker; `SystemExit`, `KeyboardInterrupt` or a crash of the
+    interpreter inside the user's code become a `UserCodeError`, never an exit of grpo-run. Load errors
+    are the same `InputError`s `load_callable` raises. `info` is what `describe(fn, ref)` returned
+    in the worker. The worker ends with `close()`, when this object is collected, or at exit.
+    """
+
+    def __init__(
+        self, ref: str, *, role: str, timeout_s: float = DEFAULT_USER_CODE_TIMEOUT_S, describe: str | None = None
+    ) -> None:
+        if not is_callable_ref(ref):
+            load_callable(ref, role=role)  # raises the InputError that explains the expected form
+        self.ref, self.role, self.timeout_s = ref, role, float(timeout_s)
+        self._proc = _start_worker()
+        self._finalizer = weakref.finalize(self, _stop_worker, self._proc)
+        _send(self._proc, ("load", ref, role, list(sys.path), os.getcwd(), describe))
+        try:
+            reply = self._receive(self.timeout_s)
+        except UserCodeError as exc:
+            self.close()
+            raise InputError(
+                f"The {role} '{ref}' could not be loaded: {exc.text}.", "Fix the module so that it imports cleanly."
+            ) from None
+        if reply[0] == "input_error":
+            self.close()
+            raise InputError(reply[1], reply[2])
+        self.info: Any = reply[1]
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def _receive(self, timeout_s: float) -> tuple[Any, ...]:
+        if not self._finalizer.alive:
+            raise UserCodeError("died", "its worker process was stopped after an earlier failure")
+        try:
+            return _receive(self._proc, timeout_s)
+        except UserCodeError:
+            self.close()
+            raise
+
+    def map(self, calls: Sequence[tuple[Any, ...]]) -> Iterator[Any]:
+        """fn(*args) for each args tuple, in order; raises `UserCodeError` at the first failing call."""
+        if not calls:
+            return
+        if not self._finalizer.alive:
+            raise UserCodeError("died", "its worker process was stopped after an earlier failure")
+        _send(self._proc, ("map", list(calls)))
+        for _ in calls:
+            reply = self._receive(self.timeout_s)
+            if reply[0] == "ok":
+                yield reply[1]
+            elif reply[0] == "raised":
+                raise UserCodeError("raised", f"raised {reply[1]}: {reply[2]}", reply[1])
+            else:
+                self.close()
+                raise UserCodeError("unpicklable", f"returned a {reply[1]}, which cannot be passed back to grpo-run")
+
+    def call(self, *args: Any) -> Any:
+        return next(iter(self.map([args])))
+
+
+def _start_worker() -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+    return subprocess.Popen(
+        [sys.executable, "-m", "grpo_pilot.engine.data.user_worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        start_new_session=True,  # Ctrl-C in the terminal goes to grpo-run only
+        close_fds=True,
+    )
+
+
+def _stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the worker and whatever the user's code started
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _send(proc: subprocess.Popen[bytes], message: Any) -> None:
+    from grpo_pilot.engine.data.user_worker import HEADER
+
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(HEADER.pack(len(body)) + body)
+        proc.stdin.flush()
+    except (BrokenPipeError, OSError):
+        raise UserCodeError("died", _ended(proc)) from None
+
+
+def _ended(proc: subprocess.Popen[bytes]) -> str:
+    code = proc.wait()
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    return f"its worker process {how} (os._exit, a crash, or the memory limit)"
+
+
+def _receive(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[Any, ...]:
+    """One reply frame, waiting at most `timeout_s` for it."""
+    from grpo_pilot.engine.data.user_worker import HEADER
+
+    assert proc.stdout is not None
+    fd, deadline = proc.stdout.fileno(), time.monotonic() + timeout_s
+    buffer = b""
+    need = HEADER.size
+    header_done = False
+    while True:
+        while len(buffer) < need:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(0.0, left))
+            if not ready:
+                raise UserCodeError("timeout", f"did not return within {timeout_s:g} s")
+            chunk = os.read(fd, min(need - len(buffer), 1 << 20))  # never past this frame
+            if not chunk:
+                raise UserCodeError("died", _ended(proc))
+            buffer += chunk
+        if header_done:
+            try:
+                return pickle.loads(buffer[:need])
+            except Exception as exc:  # a value whose class exists only in the worker
+                raise UserCodeError("unpicklable", f"returned a value grpo-run cannot rebuild ({exc})") from None
+        need = HEADER.unpack(buffer[: HEADER.size])[0]
+        buffer = buffer[HEADER.size :]
+        header_done = True

@@ -4,7 +4,9 @@
 - one JSON object per line; blank lines are ignored; lines are numbered from 1 as in an editor;
 - `fmt` is "auto" (detect per line) or one of `FORMATS` (every line must have that format's keys);
 - `transform` ("module:function" or "file.py:function") maps each raw object to one of the formats
-  first; returning None drops the line (counted in `PromptSet.dropped`);
+  first; returning None drops the line (counted in `PromptSet.dropped`). It runs in a worker process
+  (`callables.UserFunction`) with `timeout_s` per call: an exception (SystemExit included) is that
+  line's problem; a hang or a crash of its process stops the load with an `InputError`;
 - every bad line (invalid JSON, not an object, missing or mistyped field, transform error) is
   reported as "file:line: field 'x': problem". By default the whole file is checked and an
   `InputError` lists the first few problems and the count; with `skip_invalid=True` bad lines are
@@ -17,9 +19,13 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
 
-from grpo_pilot.engine.data.callables import load_callable
+from grpo_pilot.engine.data.callables import (
+    DEFAULT_USER_CODE_TIMEOUT_S,
+    UserCodeError,
+    UserFunction,
+    user_code_hint,
+)
 from grpo_pilot.engine.data.formats import RecordError, parse_record
 from grpo_pilot.engine.data.records import FORMATS, PromptRecord, PromptSet
 from grpo_pilot.errors import InputError
@@ -50,13 +56,41 @@ def _json_problem(exc: json.JSONDecodeError) -> str:
     return f"field '<line>': not valid JSON ({exc.msg} at column {exc.colno})"
 
 
-def _apply_transform(transform: Callable[[dict[str, Any]], Any], ref: str, raw: object) -> object:
-    try:
-        out = transform(raw)
-    except Exception as exc:  # user code: turn any failure into a line-level problem
-        raise RecordError("<transform>", f"{ref} raised {type(exc).__name__}: {exc}") from exc
+TRANSFORM_CHUNK = 256  # lines sent to the transform's worker process per round trip
+
+
+def _check_transformed(ref: str, out: object) -> object:
     if out is not None and not isinstance(out, dict):
         raise RecordError("<transform>", f"{ref} returned {type(out).__name__}; it must return a dict or None")
+    return out
+
+
+def _transform_all(worker: UserFunction, ref: str, raws: list[tuple[int, object]]) -> dict[int, object]:
+    """Line number -> transformed object, or a `RecordError` for the lines whose call raised.
+
+    Calls run in the transform's worker process, a chunk at a time; a call that raises (SystemExit
+    included) is that line's problem; a call that hangs past the timeout or kills its process stops the
+    load with an `InputError` naming the function and the line.
+    """
+    out: dict[int, object] = {}
+    start = 0
+    while start < len(raws):
+        chunk = raws[start : start + TRANSFORM_CHUNK]
+        done = 0
+        try:
+            for value in worker.map([(raw,) for _, raw in chunk]):
+                out[chunk[done][0]] = value
+                done += 1
+        except UserCodeError as exc:
+            line = chunk[done][0]
+            if exc.kind != "raised":
+                raise InputError(
+                    f"The data transform '{ref}' {exc.text} on line {line}.",
+                    user_code_hint(exc, worker.timeout_s, "return a dict (or None to drop the line)"),
+                ) from None
+            out[line] = RecordError("<transform>", f"{ref} {exc.text}")
+            done += 1
+        start += done
     return out
 
 
@@ -66,36 +100,47 @@ def load_prompts(
     fmt: str = "auto",
     transform: str | None = None,
     skip_invalid: bool = False,
+    timeout_s: float = DEFAULT_USER_CODE_TIMEOUT_S,
 ) -> PromptSet:
     """Load and validate a JSONL prompt set; see the module docstring for formats and errors."""
     if fmt != "auto" and fmt not in FORMATS:
         raise InputError(f"Unknown prompt format '{fmt}'.", f"Use auto or one of: {', '.join(FORMATS)}.")
     source = Path(path)
-    transform_fn = load_callable(transform, role="data transform") if transform else None
+    lines = _open_lines(source)
+    worker = UserFunction(transform, role="data transform", timeout_s=timeout_s) if transform else None
     records: list[PromptRecord] = []
-    problems: list[str] = []
+    numbered_problems: list[tuple[int, str]] = []
     formats: Counter[str] = Counter()
     dropped = 0
-    for number, text in enumerate(_open_lines(source), start=1):
+    raws: list[tuple[int, object]] = []
+    for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
-            try:
-                raw = json.loads(text)
-            except json.JSONDecodeError as exc:
-                problems.append(f"{source}:{number}: {_json_problem(exc)}")
-                continue
-            if transform_fn is not None:
-                raw = _apply_transform(transform_fn, str(transform), raw)
-                if raw is None:
+            raws.append((number, json.loads(text)))
+        except json.JSONDecodeError as exc:
+            numbered_problems.append((number, f"{source}:{number}: {_json_problem(exc)}"))
+    if worker is not None:
+        try:
+            transformed = _transform_all(worker, str(transform), raws)
+        finally:
+            worker.close()
+    for number, raw in raws:
+        try:
+            if worker is not None:
+                raw = transformed[number]
+                if isinstance(raw, RecordError):
+                    raise raw
+                if _check_transformed(str(transform), raw) is None:
                     dropped += 1
                     continue
             record, used = parse_record(number, raw, fmt)
         except RecordError as exc:
-            problems.append(f"{source}:{number}: {exc}")
+            numbered_problems.append((number, f"{source}:{number}: {exc}"))
             continue
         records.append(record)
         formats[used] += 1
+    problems = [text for _, text in sorted(numbered_problems, key=lambda item: item[0])]
 
     if problems and not skip_invalid:
         listed = "; ".join(problems[:MAX_LISTED_PROBLEMS])

@@ -13,6 +13,7 @@ from grpo_pilot.engine.rewards.model import RewardModel, RewardPart, build_rewar
 from grpo_pilot.engine.rewards.registry import BUILTINS, builtin_help
 from grpo_pilot.engine.rewards.result import RewardResult, ScoreBatch
 from grpo_pilot.engine.rewards.sandbox import SandboxLimits, SandboxResult, run_many, run_tests
+from grpo_pilot.engine.rewards.settings import RewardSettings
 from grpo_pilot.engine.rewards.spec import RewardTerm, parse_spec
 from grpo_pilot.engine.rewards.text import overlong_penalty
 from grpo_pilot.engine.rewards.user import batched_reward
@@ -22,6 +23,7 @@ __all__ = [
     "RewardModel",
     "RewardPart",
     "RewardResult",
+    "RewardSettings",
     "RewardTerm",
     "SandboxLimits",
     "SandboxResult",

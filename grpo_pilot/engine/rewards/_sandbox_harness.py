@@ -1,19 +1,24 @@
-"""Child-process side of the code sandbox (standard library only; run as `python -I THIS WORKDIR`).
+"""The process that runs untrusted code for the `code` reward (standard library only, Python >= 3.8).
 
-Protocol with `sandbox.py`: the parent writes `WORKDIR/payload.json` ({"code", "tests", "limits"})
-and sends a random nonce on stdin. This script reads both, opens `WORKDIR/results` for appending,
-then — before any untrusted code runs — closes stdin (-> /dev/null), sends stdout/stderr to
-/dev/null, applies the rlimits (CPU seconds, address space, file size, open files, no core
-dumps, process count), drops root to `nobody` when it runs as root (so RLIMIT_NPROC is enforced
-and the repository is not writable; see `_drop_root`), and moves into `WORKDIR/work`. It then
-executes the code (module name "solution", so `if __name__ == "__main__"` blocks do not run) and each test in the
-same namespace, appending "NONCE solution ok|error" and "NONCE test I pass|fail" lines as it goes,
-so a run killed midway still reports the tests that finished. Finally it kills and reaps every
-process the code started (it is their subreaper); the parent also kills the process group.
+Started by `sandbox.py` as `PYTHON -I -S -c <this source> MODE`, MODE = "ns" inside a namespace
+sandbox (bubblewrap or unshare: network, mount, PID, IPC, UTS and user namespaces, read-only root,
+private /tmp) or "bare" when the run allowed unsandboxed code (resource limits only; see below).
 
-The nonce keeps completions from faking results by printing or writing "pass" lines; it does not
-stop code that deliberately inspects this interpreter's frames — the sandbox protects the run
-(time, memory, processes, files), and the reward is only as trustworthy as the tests.
+Protocol: the parent writes one JSON payload on stdin and closes it: {"code", "tests", "limits"}, where
+each test is the parent's *rewritten* test (`sealed.py`): every `assert` became a call
+`__grpo_probe__(ID, lambda: e1, ...)` that hands back the values of the sub-expressions the parent
+cannot compute itself. The expected values of the asserts never come here, and this process never
+decides whether a test passed: it sends JSON lines on its stdout ("ready", "solution", one "probe"
+line per assert executed, "test" when a test snippet finished, "done"), and the parent evaluates every
+assert against the values. Code that takes this process over (frame inspection, patched builtins,
+sys.exit, writing to the channel) can therefore only report values, which is what a solution
+returning those values would do: it cannot report a pass.
+
+Before the untrusted code runs: stdin reads /dev/null, stdout/stderr go to /dev/null (the channel is
+a private descriptor), and the rlimits are set (CPU seconds, address space, file size, open files,
+no core dumps, processes). In "bare" mode, as root, the process also leaves root for `nobody`
+(keeping only CAP_DAC_READ_SEARCH when the interpreter's files are not readable by others), becomes
+the child subreaper and kills every descendant at the end; in "ns" mode the namespace does all that.
 """
 
 import json
@@ -24,20 +29,44 @@ import sys
 import time
 
 NOBODY_ID = 65534
+PROBE_NAME = "__grpo_probe__"
+MAX_DEPTH = 64
 # Linux capability numbers and prctl options (include/uapi/linux/capability.h, prctl.h).
 CAP_DAC_READ_SEARCH, CAP_SETGID, CAP_SETUID = 2, 6, 7
 PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 8, 36, 38
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
+def encode(value, depth=0, _type=type):
+    """A JSON-safe, tagged copy of plain data; anything else (or too deep) is {"o": type name}."""
+    kind = _type(value)
+    if depth > MAX_DEPTH:
+        return {"o": "nested too deep"}
+    if value is None or kind in (bool, int, float, str):
+        return value
+    if kind is list:
+        return [encode(v, depth + 1) for v in value]
+    if kind is tuple:
+        return {"t": [encode(v, depth + 1) for v in value]}
+    if kind is set or kind is frozenset:
+        return {"s" if kind is set else "fs": [encode(v, depth + 1) for v in value]}
+    if kind is dict:
+        return {"d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+    if kind is bytes:
+        return {"b": value.hex()}
+    if kind is complex:
+        return {"c": [value.real, value.imag]}
+    return {"o": kind.__name__}
+
+
 def _threads_of_uid(uid):
-    """Processes + threads the user already runs (RLIMIT_NPROC counts them all for that user)."""
+    """Processes + threads the user runs (RLIMIT_NPROC counts them all for that user)."""
     total = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/status") as fh:
+            with open("/proc/%s/status" % entry) as fh:
                 fields = dict(line.split(":", 1) for line in fh if ":" in line)
         except OSError:
             continue
@@ -72,12 +101,7 @@ def _capset(caps):
 
 
 def _drop_root():
-    """Become `nobody`. Returns the isolation achieved: 'nobody', 'nobody+read' or 'root'.
-
-    When the interpreter's files are not readable by others (e.g. Python installed under /root),
-    only CAP_DAC_READ_SEARCH is kept so that imports still work; if that cannot be arranged the
-    process stays root (RLIMIT_NPROC is then not enforced) and says so.
-    """
+    """Bare mode as root: become `nobody`; 'nobody', 'nobody+read' (kept CAP_DAC_READ_SEARCH) or 'root'."""
     needed = {os.path.dirname(os.__file__), os.path.dirname(json.__file__)}
     needed.update(p for p in sys.path if p and os.path.isdir(p))
     keep_read = not all(_others_can_read(p) for p in needed)
@@ -95,9 +119,8 @@ def _drop_root():
     return "nobody+read" if keep_read else "nobody"
 
 
-def _prctl_flags():
-    """No new privileges (a set-uid program the code runs gains no rights) and child subreaper
-    (orphans of the code's processes become our children, so `_kill_descendants` can reap them)."""
+def _prctl_bare():
+    """No new privileges, and child subreaper (orphans of the code become ours to kill and reap)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -106,12 +129,7 @@ def _prctl_flags():
 
 
 def _kill_descendants(kill=os.kill, waitpid=os.waitpid, listdir=os.listdir, read=open, sleep=time.sleep):
-    """SIGKILL every other process of our group and every child of ours, and reap them all.
-
-    Bound at definition time to the original functions, so code that patched `os` cannot stop it.
-    Zombies are reaped here instead of waiting for init (which may reap slowly and, until then,
-    they count against RLIMIT_NPROC for the next sandbox).
-    """
+    """Bare mode: SIGKILL every other process of our group and every child of ours, and reap them."""
     me, group = os.getpid(), os.getpgrp()
     for _ in range(200):
         victims = []
@@ -119,7 +137,7 @@ def _kill_descendants(kill=os.kill, waitpid=os.waitpid, listdir=os.listdir, read
             if not entry.isdigit() or int(entry) == me:
                 continue
             try:
-                with read(f"/proc/{entry}/stat") as fh:
+                with read("/proc/%s/stat" % entry) as fh:
                     fields = fh.read().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
@@ -149,62 +167,75 @@ def _limit(kind, value):
     resource.setrlimit(kind, (value, value))
 
 
-def _confine(limits, work):
-    """Apply the rlimits, leave root, enter `work`; returns the isolation mode."""
+def _confine(limits, mode):
+    """Apply the rlimits (and in bare mode leave root); returns the user the code runs as."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    used_cpu = usage.ru_utime + usage.ru_stime
+    cpu = int(usage.ru_utime + usage.ru_stime + limits["cpu_s"]) + 1
     _limit(resource.RLIMIT_CORE, 0)
     _limit(resource.RLIMIT_FSIZE, limits["max_file_bytes"])
     _limit(resource.RLIMIT_NOFILE, limits["max_open_files"])
-    cpu = int(used_cpu + limits["cpu_s"]) + 1
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    _prctl_flags()
-    isolation = _drop_root() if os.geteuid() == 0 else "user"
-    base = 0 if isolation.startswith("nobody") else _threads_of_uid(os.getuid())
+    who = "uid %d" % os.getuid()
+    if mode == "bare":
+        _prctl_bare()
+        if os.geteuid() == 0:
+            who = _drop_root()
+    # in a fresh user namespace only this sandbox's processes count; in bare mode, all of the user's
+    base = 0 if who.startswith("nobody") else _threads_of_uid(os.getuid())
     _limit(resource.RLIMIT_NPROC, base + limits["max_procs"])
-    _limit(resource.RLIMIT_AS, limits["memory_bytes"])  # last: ctypes above needs some address space
-    os.chdir(work)
-    os.environ["HOME"] = work
-    return isolation
+    _limit(resource.RLIMIT_AS, limits["memory_bytes"])  # last: ctypes above needs address space
+    return who
 
 
-def main(_exec=exec, _compile=compile, _write=os.write):
-    """Entry point; `_exec`/`_compile`/`_write` are bound before the code runs, so patching
-    builtins or `os` from inside the code cannot change how tests run or how results are written."""
-    root = sys.argv[1]
-    nonce = sys.stdin.readline().strip()
+def main(_exec=exec, _compile=compile, _write=os.write, _dumps=json.dumps, _exit=os._exit):
+    """Entry point; the functions it uses are bound before the code runs, so patching builtins,
+    `os` or `json` from inside the code changes neither how tests run nor how lines are written."""
+    mode = sys.argv[1]
+    payload = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    out_fd = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    with open(os.path.join(root, "payload.json")) as fh:
-        payload = json.load(fh)
-    os.remove(os.path.join(root, "payload.json"))
-    out_fd = os.open(os.path.join(root, "results"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
 
-    def report(text):
-        _write(out_fd, f"{nonce} {text}\n".encode())
+    def send(message):
+        try:
+            line = _dumps(message, separators=(",", ":"))
+        except (ValueError, TypeError, RecursionError):  # e.g. an int too long to print
+            line = _dumps({"k": message.get("k"), "a": message.get("a"), "v": None})
+        _write(out_fd, (line + "\n").encode("utf-8", "surrogatepass"))
 
-    report(f"isolation {_confine(payload['limits'], os.path.join(root, 'work'))}")
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    namespace = {"__name__": "solution", "__builtins__": __builtins__}
+    def probe(assert_id, *thunks):
+        values = []
+        for thunk in thunks:
+            try:
+                values.append(encode(thunk()))
+            except BaseException as exc:  # the sub-expression raised: the parent decides what that means
+                values.append({"r": type(exc).__name__})
+        send({"k": "probe", "a": assert_id, "v": values})
+
+    if mode == "bare":
+        os.chdir(payload["workdir"])
+        os.environ["HOME"] = payload["workdir"]
+    send({"k": "ready", "user": _confine(payload["limits"], mode)})
+    namespace = {"__name__": "solution", "__builtins__": __builtins__, PROBE_NAME: probe}
     try:
         _exec(_compile(payload["code"], "solution.py", "exec"), namespace)
-        report("solution ok")
+        send({"k": "solution", "ok": True})
     except BaseException as exc:  # any failure of untrusted code, SystemExit included
-        report(f"solution error {type(exc).__name__}")
+        send({"k": "solution", "ok": False, "error": type(exc).__name__})
         namespace = None
     for index, test in enumerate(payload["tests"]):
-        if namespace is None:
-            report(f"test {index} fail")
+        if namespace is None or test is None:
             continue
         try:
-            _exec(_compile(test, f"test_{index}.py", "exec"), namespace)
-            report(f"test {index} pass")
-        except BaseException:  # a failing assert, an exception, or sys.exit inside the test
-            report(f"test {index} fail")
-    report("done")
-    _kill_descendants()
-    os._exit(0)
+            _exec(_compile(test, "test_%d.py" % index, "exec"), namespace)
+            send({"k": "test", "i": index, "ok": True})
+        except BaseException as exc:  # an exception or sys.exit inside the test
+            send({"k": "test", "i": index, "ok": False, "error": type(exc).__name__})
+    send({"k": "done"})
+    if mode == "bare":
+        _kill_descendants()
+    _exit(0)
 
 
 if __name__ == "__main__":

@@ -4,19 +4,23 @@ Code extraction: the last fenced block tagged python/py/python3 or untagged (```
 unclosed fence (a truncated completion) runs to the end of the text; with no fence at all the
 whole completion is the code. Score: the fraction of the record's tests that pass
 (`mode=fraction`), or 1.0 only when all pass (`mode=all`). Each completion runs in its own
-confined process (see sandbox.py), `workers` at a time.
+sandbox (see sandbox.py and isolation.py), `workers` at a time; the tests are judged in this process.
+`sandbox=auto` uses bubblewrap, else util-linux unshare; where neither isolates, building the reward
+fails unless the run allows unsandboxed code (`--allow-unsandboxed-code`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Literal
 
 from pydantic import Field
 
 from grpo_pilot.engine.rewards.result import ScoreBatch, Scorer
-from grpo_pilot.engine.rewards.sandbox import MIB, SandboxLimits, run_many
+from grpo_pilot.engine.rewards.sandbox import MIB, Isolation, SandboxLimits, resolve_isolation, run_many
+from grpo_pilot.engine.rewards.settings import RewardSettings
 from grpo_pilot.models import Frozen
 
 _FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -45,6 +49,7 @@ class CodeOptions(Frozen):
     max_procs: int = Field(default=32, ge=1, le=4096, description="Processes/threads the code may start.")
     workers: int = Field(default_factory=_default_workers, ge=1, le=64, description="Completions run at once.")
     mode: Literal["fraction", "all"] = Field(default="fraction", description="fraction of tests, or all-or-nothing.")
+    sandbox: Isolation = Field(default="auto", description="auto | bwrap | unshare | none (none needs the flag).")
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits(
@@ -55,12 +60,20 @@ class CodeOptions(Frozen):
         )
 
 
-def make_code(opts: CodeOptions) -> Scorer:
+def make_code(opts: CodeOptions, settings: RewardSettings) -> Scorer:
     limits = opts.limits()
+    allow = settings.allow_unsandboxed_code
+    mechanism = resolve_isolation(opts.sandbox, allow_unsandboxed=allow)  # refuse before any training
+    if mechanism == "none":
+        print(
+            "warning: the 'code' reward runs completions' code WITHOUT a sandbox (resource limits only): "
+            "it can read your files and use the network.",
+            file=sys.stderr,
+        )
 
     def score(batch: ScoreBatch) -> list[float]:
         jobs = [(extract_code(c), r.tests) for c, r in zip(batch.completions, batch.records)]
-        results = run_many(jobs, limits, workers=opts.workers)
+        results = run_many(jobs, limits, workers=opts.workers, isolation=mechanism, allow_unsandboxed=allow)
         if opts.mode == "all":
             return [1.0 if r.passed and all(r.passed) else 0.0 for r in results]
         return [r.fraction for r in results]

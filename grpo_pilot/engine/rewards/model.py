@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from grpo_pilot.engine.data.records import PromptRecord
 from grpo_pilot.engine.rewards.registry import BUILTINS, build_options
 from grpo_pilot.engine.rewards.result import RewardResult, ScoreBatch, Scorer, checked_scores
+from grpo_pilot.engine.rewards.settings import RewardSettings
 from grpo_pilot.engine.rewards.spec import RewardTerm, parse_spec
 from grpo_pilot.engine.rewards.text import require_field
 from grpo_pilot.engine.rewards.user import make_user_scorer
@@ -92,20 +93,23 @@ def _unique(label: str, taken: set[str]) -> str:
     return f"{label}#{k}"
 
 
-def build_reward(spec: str, *, tokenizer: Any = None) -> RewardModel:
+def build_reward(spec: str, *, tokenizer: Any = None, settings: RewardSettings | None = None) -> RewardModel:
     """Parse `spec` (grammar in rewards/spec.py) and build every part; bad specs raise `InputError`.
 
-    `tokenizer` is used only by length-type parts counting tokens when `score` gets no `num_tokens`.
+    `tokenizer` is used only by length-type parts counting tokens when `score` gets no `num_tokens`;
+    `settings` (default `RewardSettings()`) holds the user-code timeout and whether code may run unsandboxed.
     """
+    settings = settings or RewardSettings()
     parts: list[RewardPart] = []
     taken: set[str] = set()
     for term in parse_spec(spec, BUILTINS):
         if term.kind == "builtin":
             builtin = BUILTINS[term.name]
-            scorer = builtin.make(build_options(builtin, term.options))
+            options = build_options(builtin, term.options)
+            scorer = builtin.make(options, settings) if builtin.uses_settings else builtin.make(options)
             requires = builtin.requires
         else:
-            scorer = make_user_scorer(term.name)
+            scorer = make_user_scorer(term.name, timeout_s=settings.user_code_timeout_s)
             requires = ()
         label = _unique(term.name, taken)
         taken.add(label)

@@ -7,7 +7,7 @@ frozen options model; a bad or unknown option is an `InputError` that lists the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, get_args, get_origin
+from typing import Callable, Literal, get_args, get_origin
 
 from pydantic import ValidationError
 
@@ -31,13 +31,15 @@ from grpo_pilot.models import Frozen
 
 @dataclass(frozen=True)
 class Builtin:
-    """A built-in reward: `make(options)` builds its scorer; `requires` names record fields it reads."""
+    """A built-in reward: `make(options)` builds its scorer (`make(options, settings)` when
+    `uses_settings`); `requires` names record fields it reads."""
 
     name: str
     summary: str
     options: type[Frozen]
-    make: Callable[[Any], Scorer]
+    make: Callable[..., Scorer]
     requires: tuple[str, ...] = ()
+    uses_settings: bool = False
 
 
 BUILTINS: dict[str, Builtin] = {
@@ -62,6 +64,7 @@ BUILTINS: dict[str, Builtin] = {
             CodeOptions,
             make_code,
             ("tests",),
+            uses_settings=True,
         ),
         Builtin("length", "-min(L, max_len)/max_len: a plain length penalty", LengthOptions, make_length),
         Builtin(

@@ -1,38 +1,50 @@
-"""Run untrusted Python code against assert tests in a separate, confined process.
+"""Run untrusted Python code against assert tests in an isolated, resource-limited process.
 
-`run_tests(code, tests, limits)` starts `python -I _sandbox_harness.py TMPDIR` in a new session
-(its own process group) with stdin/stdout/stderr detached, a minimal environment and a fresh
-temporary directory; the child applies CPU-time, address-space, file-size, open-file and process
-rlimits and drops root to `nobody` before it runs the code (see `_sandbox_harness.py`). The parent
-enforces the wall-clock timeout, kills the whole process group afterwards in every case, and
-removes the directory. `run_many` runs several jobs on a small thread pool (each thread waits on
-one child process). A completion that hangs, forks, allocates without bound or writes files can
-therefore cost at most `timeout_s` of wall time per job and never touches the run's process.
+`run_tests(code, tests, limits, isolation="auto")`:
+1. seals the tests (`sealed.py`): every assert becomes a probe; the expected values stay here;
+2. starts `_sandbox_harness.py` inside a sandbox (`isolation.py`: bubblewrap, else util-linux
+   unshare; as root, as `nobody`), writes the code and the sealed tests on its stdin and reads JSON
+   lines from its stdout until it ends, the wall-clock timeout passes or it writes more than
+   `MAX_CHANNEL_BYTES`; the harness applies the rlimits before the code runs;
+3. kills the sandbox's process group in every case (the PID namespace takes every descendant with
+   it) and judges each test here from the reported values.
+
+`isolation="none"` (only with `allow_unsandboxed=True`, the `--allow-unsandboxed-code` flag) runs the
+harness directly in a temporary directory: resource limits, a new session, `nobody` when root, but
+the code can read what that user can read and use the network. `run_many` runs jobs on a small thread
+pool (each thread waits on one sandbox).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 from pydantic import Field
 
+from grpo_pilot.engine.rewards import isolation as iso
+from grpo_pilot.engine.rewards.sealed import judge, seal_tests
+from grpo_pilot.errors import InputError, RunError
 from grpo_pilot.models import Frozen
 
 HARNESS = Path(__file__).with_name("_sandbox_harness.py")
-NOBODY_ID = 65534
-MAX_RESULTS_BYTES = 1 << 20
+NOBODY_ID = iso.NOBODY_ID
+MAX_CHANNEL_BYTES = 4 << 20
+MAX_STDERR_BYTES = 64 << 10
 MIB = 1 << 20
+Isolation = Literal["auto", "bwrap", "unshare", "none"]
 
 
 class SandboxLimits(Frozen):
@@ -44,19 +56,21 @@ class SandboxLimits(Frozen):
     max_procs: int = Field(default=16, ge=1, le=4096, description="Processes/threads the code may add (RLIMIT_NPROC).")
     max_file_bytes: int = Field(default=16 * MIB, ge=0, description="Largest file the code may write (RLIMIT_FSIZE).")
     max_open_files: int = Field(default=64, ge=16, description="Open file descriptors (RLIMIT_NOFILE).")
+    tmp_bytes: int = Field(default=64 * MIB, ge=MIB, description="Size of the private /tmp and /dev/shm (each).")
 
 
 class SandboxResult(Frozen):
-    """Outcome of one sandboxed run: which tests passed, and how the process ended."""
+    """Outcome of one sandboxed run: which tests passed (judged by the parent), and how the process ended."""
 
     passed: tuple[bool, ...] = Field(description="One flag per test, in order; unfinished tests count as failed.")
     status: Literal["ok", "solution_error", "timeout", "killed"] = Field(
-        description="ok: ran to the end; solution_error: the code raised; timeout: wall clock; killed: a limit or signal."
+        description="ok: ran to the end; solution_error: the code raised; timeout: wall clock; "
+        "killed: a limit or signal."
     )
-    wall_s: float = Field(ge=0, description="Wall time of the child process.")
+    wall_s: float = Field(ge=0, description="Wall time of the sandbox, start-up included.")
     isolation: str = Field(
-        description="How the child was confined: nobody, nobody+read (root dropped, read access kept), "
-        "user (not root: own uid), root (could not leave root), unknown (died before reporting)."
+        description="bwrap | unshare | none, and the user the code ran as (e.g. 'bwrap, uid 65534', "
+        "'none, nobody+read'); 'unknown' when it ended before reporting."
     )
 
     @property
@@ -64,39 +78,45 @@ class SandboxResult(Frozen):
         return sum(self.passed) / len(self.passed) if self.passed else 0.0
 
 
-def _child_env(work: Path) -> dict[str, str]:
-    return {
-        "PATH": os.defpath,
-        "LANG": "C.UTF-8",
-        "HOME": str(work),
-        "TMPDIR": str(work),
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
+NO_SANDBOX_HINT = (
+    "Install bubblewrap (`apt-get install bubblewrap`) or allow unprivileged user namespaces "
+    "(sysctl user.max_user_namespaces > 0; on Ubuntu also kernel.apparmor_restrict_unprivileged_userns=0), "
+    "then check with `grpo-run --check-sandbox`. Or pass --allow-unsandboxed-code to run it with resource "
+    "limits only: the code can then read every file your user can read and use the network."
+)
 
 
-def _read_results(path: Path, nonce: str, num_tests: int) -> tuple[list[bool], bool, bool, str]:
-    """(passed flags, solution ran cleanly, reached the end, isolation) from the harness's lines."""
-    passed = [False] * num_tests
-    solution_ok, done, isolation = False, False, "unknown"
-    if not path.exists():
-        return passed, solution_ok, done, isolation
-    with path.open("rb") as fh:
-        text = fh.read(MAX_RESULTS_BYTES).decode("utf-8", "replace")
-    for line in text.splitlines():
-        words = line.split()
-        if len(words) < 2 or words[0] != nonce:
-            continue
-        if words[1] == "isolation" and len(words) == 3:
-            isolation = words[2]
-        elif words[1:3] == ["solution", "ok"]:
-            solution_ok = True
-        elif words[1] == "done":
-            done = True
-        elif words[1] == "test" and len(words) == 4 and words[2].isdigit() and int(words[2]) < num_tests:
-            passed[int(words[2])] = words[3] == "pass"
-    return passed, solution_ok, done, isolation
+def resolve_isolation(requested: Isolation, *, allow_unsandboxed: bool) -> iso.Mechanism:
+    """The mechanism a run uses; `InputError` when none isolates and unsandboxed code is not allowed."""
+    if requested == "none":
+        if not allow_unsandboxed:
+            raise InputError("The 'code' reward was asked to run without a sandbox (sandbox=none).", NO_SANDBOX_HINT)
+        return "none"
+    report = iso.choose(requested)
+    if report.available:
+        return report.mechanism
+    if requested == "auto" and allow_unsandboxed:
+        return "none"
+    reports = [report] if requested != "auto" else [iso.probe("bwrap"), iso.probe("unshare")]
+    reasons = "; ".join(f"{r.mechanism}: {r.reason}" for r in reports)
+    raise InputError(
+        f"The 'code' reward runs the completions' code, and this machine gives no sandbox for it ({reasons}).",
+        NO_SANDBOX_HINT,
+    )
+
+
+@lru_cache(maxsize=1)
+def _harness_source() -> str:
+    return HARNESS.read_text()
+
+
+def _bare_interpreter() -> iso.Interpreter:
+    path = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    return iso.Interpreter(path=path, prefix=sys.base_prefix, version="%d.%d.%d" % sys.version_info[:3])
+
+
+def _bare_env(work: Path) -> dict[str, str]:
+    return {**iso.ENV, **iso.ENV_THREADS, "HOME": str(work), "TMPDIR": str(work), "PATH": os.defpath}
 
 
 def _kill_group(pid: int) -> None:
@@ -106,53 +126,146 @@ def _kill_group(pid: int) -> None:
         return
 
 
-def run_tests(code: str, tests: Sequence[str], limits: SandboxLimits) -> SandboxResult:
-    """Run `code`, then each assert in `tests`, in a confined child; see the module docstring."""
-    root = Path(tempfile.mkdtemp(prefix="grpo_pilot_sandbox_"))
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    """Write the payload and close stdin (in a thread: a large payload must not block the reader)."""
+    assert proc.stdin is not None
     try:
-        work = root / "work"
-        work.mkdir()
-        if os.geteuid() == 0:  # the child drops to nobody: it may cross root/ but only write in work/
-            os.chown(work, NOBODY_ID, NOBODY_ID)
-            root.chmod(0o711)
-        payload = {"code": code, "tests": list(tests), "limits": limits.model_dump()}
-        (root / "payload.json").write_text(json.dumps(payload))
-        nonce = secrets.token_hex(16)
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, "-I", str(HARNESS), str(root)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=root,
-            env=_child_env(work),
-            start_new_session=True,
-            close_fds=True,
-        )
-        timed_out = False
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        return
+
+
+def _collect(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, bytes, bool]:
+    """(stdout, stderr, timed out): read both pipes until EOF on stdout, the deadline or the byte cap."""
+    assert proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + timeout_s
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ, out)
+        selector.register(proc.stderr, selectors.EVENT_READ, err)
+        open_streams = 2
+        while open_streams:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return bytes(out), bytes(err), True
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    open_streams -= 1
+                    if key.data is out:
+                        return bytes(out), bytes(err), False  # the channel closed: every writer is gone
+                    continue
+                key.data.extend(chunk)
+                if len(out) > MAX_CHANNEL_BYTES:
+                    return bytes(out[:MAX_CHANNEL_BYTES]), bytes(err), False
+                if len(err) > MAX_STDERR_BYTES:
+                    selector.unregister(key.fileobj)
+                    open_streams -= 1
+    return bytes(out), bytes(err), False
+
+
+def _messages(raw: bytes) -> list[dict[str, Any]]:
+    out = []
+    for line in raw.split(b"\n"):
         try:
-            proc.communicate(input=f"{nonce}\n".encode(), timeout=limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _kill_group(proc.pid)  # stray children of the code die with the group, in every case
-            proc.wait()
-        wall_s = time.perf_counter() - start
-        passed, solution_ok, done, isolation = _read_results(root / "results", nonce, len(tests))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    if timed_out:
-        status = "timeout"
-    elif done:
-        status = "ok" if solution_ok else "solution_error"
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(message, dict):
+            out.append(message)
+    return out
+
+
+def run_tests(
+    code: str,
+    tests: Sequence[str],
+    limits: SandboxLimits,
+    *,
+    isolation: Isolation = "auto",
+    allow_unsandboxed: bool = False,
+) -> SandboxResult:
+    """Run `code`, then each assert test, isolated; see the module docstring."""
+    mechanism = resolve_isolation(isolation, allow_unsandboxed=allow_unsandboxed)
+    sealed = seal_tests(tests)
+    payload: dict[str, Any] = {"code": code, "tests": list(sealed.sources), "limits": limits.model_dump()}
+    work: Path | None = None
+    if mechanism == "none":
+        work = Path(tempfile.mkdtemp(prefix="grpo_pilot_sandbox_"))
+        if os.geteuid() == 0:  # the harness drops to nobody: it may only write in its directory
+            os.chown(work, NOBODY_ID, NOBODY_ID)
+        payload["workdir"] = str(work)
+        interpreter, env, user = _bare_interpreter(), _bare_env(work), {}
     else:
-        status = "killed"
-    return SandboxResult(passed=tuple(passed), status=status, wall_s=wall_s, isolation=isolation)
+        uid = iso.sandbox_uid()
+        found = iso.interpreter_for(uid)
+        assert found is not None, "resolve_isolation checked that an interpreter exists"
+        interpreter, env, user = found, iso.launch_env(mechanism), iso.as_user(uid)
+    mode = "bare" if mechanism == "none" else "ns"
+    try:
+        start = time.perf_counter()
+        try:
+            proc = subprocess.Popen(
+                iso.command(mechanism, interpreter, _harness_source(), mode, limits.tmp_bytes),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=str(work) if work else "/",
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                **user,  # type: ignore[arg-type]
+            )
+        except OSError as exc:
+            raise RunError(
+                f"The code sandbox ({mechanism}) could not be started: {exc}.", "Check `grpo-run --check-sandbox`."
+            ) from None
+        writer = threading.Thread(target=_feed, args=(proc, json.dumps(payload).encode()), daemon=True)
+        writer.start()
+        try:
+            out, err, timed_out = _collect(proc, limits.timeout_s)
+        finally:
+            _kill_group(proc.pid)  # the sandbox (and with it its PID namespace) ends here in every case
+            proc.wait()
+            writer.join()
+            for stream in (proc.stdout, proc.stderr):
+                assert stream is not None
+                stream.close()
+        wall_s = time.perf_counter() - start
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+    messages = _messages(out)
+    ready = next((m for m in messages if m.get("k") == "ready"), None)
+    if ready is None and not timed_out:
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
+        raise RunError(
+            f"The code sandbox ({mechanism}) failed to start: {' | '.join(tail) or f'exit status {proc.returncode}'}.",
+            "Check it with `grpo-run --check-sandbox`.",
+        )
+    solution = next((m for m in messages if m.get("k") == "solution"), {})
+    done = any(m.get("k") == "done" for m in messages)
+    finished = "ok" if solution.get("ok") is True else "solution_error"
+    status = "timeout" if timed_out else finished if done else "killed"
+    who = str(ready.get("user", "unknown")) if ready else "unknown"
+    return SandboxResult(passed=judge(sealed, messages), status=status, wall_s=wall_s, isolation=f"{mechanism}, {who}")
 
 
-def run_many(jobs: Sequence[tuple[str, Sequence[str]]], limits: SandboxLimits, *, workers: int) -> list[SandboxResult]:
+def run_many(
+    jobs: Sequence[tuple[str, Sequence[str]]],
+    limits: SandboxLimits,
+    *,
+    workers: int,
+    isolation: Isolation = "auto",
+    allow_unsandboxed: bool = False,
+) -> list[SandboxResult]:
     """`run_tests` for each (code, tests) job, `workers` at a time; results in job order."""
     if not jobs:
         return []
+
+    def one(job: tuple[str, Sequence[str]]) -> SandboxResult:
+        return run_tests(job[0], job[1], limits, isolation=isolation, allow_unsandboxed=allow_unsandboxed)
+
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs))), thread_name_prefix="sandbox") as pool:
-        return list(pool.map(lambda job: run_tests(job[0], job[1], limits), jobs))
+        return list(pool.map(one, jobs))

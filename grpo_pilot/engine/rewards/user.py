@@ -7,7 +7,10 @@ Two shapes are accepted:
 Which one a function is: its `batched` attribute when it has one (set by the `@batched_reward`
 decorator, or by hand: `fn.batched = True`); otherwise batched when its first parameter is named
 `completions` (or `texts`, `responses`) or annotated as a list/sequence; otherwise per completion.
-Exceptions and non-numeric results become a `RunError` naming the function and the prompt line.
+The function runs in its own worker process (`callables.UserFunction`) with a per-call timeout:
+exceptions (SystemExit and KeyboardInterrupt included), hangs, crashes and non-numeric results become
+a `RunError` naming the function and the prompt line; a bad reference or signature is an `InputError`
+raised when the reward is built.
 """
 
 from __future__ import annotations
@@ -15,7 +18,12 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, TypeVar
 
-from grpo_pilot.engine.data.callables import load_callable
+from grpo_pilot.engine.data.callables import (
+    DEFAULT_USER_CODE_TIMEOUT_S,
+    UserCodeError,
+    UserFunction,
+    user_code_hint,
+)
 from grpo_pilot.engine.rewards.result import ScoreBatch, Scorer, checked_scores
 from grpo_pilot.errors import InputError, RunError
 
@@ -62,30 +70,39 @@ def _check_signature(fn: Callable[..., Any], ref: str) -> None:
         return
 
 
-def _call(fn: Callable[..., Any], ref: str, args: tuple[Any, ...], line: int | None) -> Any:
+def describe(fn: Callable[..., Any], ref: str) -> dict[str, bool]:
+    """Runs in the worker process (`UserFunction(describe=...)`): check the signature, detect the shape."""
+    _check_signature(fn, ref)
+    return {"batched": is_batched(fn)}
+
+
+def _run(worker: UserFunction, ref: str, calls: list[tuple[Any, ...]], lines: list[int | None]) -> list[Any]:
+    """The function's value for each call; a failure is a `RunError` naming the function and the prompt line."""
+    values: list[Any] = []
     try:
-        return fn(*args)
-    except Exception as exc:  # user code: report which function and which prompt
+        for value in worker.map(calls):
+            values.append(value)
+    except UserCodeError as exc:
+        line = lines[len(values)] if len(values) < len(lines) else None
         where = f" on the completion for prompt line {line}" if line is not None else ""
         raise RunError(
-            f"The reward function '{ref}' raised {type(exc).__name__}: {exc}{where}.",
-            "Fix the function; it must return a number for every completion.",
-        ) from exc
+            f"The reward function '{ref}' {exc.text}{where}.",
+            user_code_hint(exc, worker.timeout_s, "return a number for every completion"),
+        ) from None
+    return values
 
 
-def make_user_scorer(ref: str) -> Scorer:
-    fn = load_callable(ref, role="reward function")
-    _check_signature(fn, ref)
-    batched = is_batched(fn)
+def make_user_scorer(ref: str, *, timeout_s: float = DEFAULT_USER_CODE_TIMEOUT_S) -> Scorer:
+    """A scorer calling the user's function in its own worker process, `timeout_s` per call."""
+    worker = UserFunction(ref, role="reward function", timeout_s=timeout_s, describe=f"{__name__}:describe")
+    batched = bool(worker.info["batched"])
 
     def score(batch: ScoreBatch) -> list[float]:
         if batched:
-            values = _call(fn, ref, (list(batch.completions), list(batch.records)), None)
+            (values,) = _run(worker, ref, [(list(batch.completions), list(batch.records))], [None])
             return list(checked_scores(values, len(batch.completions), ref))
-        out = []
-        for completion, record in zip(batch.completions, batch.records):
-            value = _call(fn, ref, (completion, record), record.line)
-            out.extend(checked_scores([value], 1, ref))
-        return out
+        calls = [(completion, record) for completion, record in zip(batch.completions, batch.records)]
+        values = _run(worker, ref, calls, [record.line for record in batch.records])
+        return [checked_scores([value], 1, ref)[0] for value in values]
 
     return score
