@@ -16,6 +16,9 @@ throughput" (Dao, FlashAttention-2, arXiv 2307.08691, §1).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import Field, field_validator
 
 from grpo_pilot.models import Frozen
@@ -38,9 +41,10 @@ MAMF_EFFICIENCY: dict[str, float] = {
 class TimeCoefficients(Frozen):
     """Efficiencies (fractions of datasheet peaks) and rates of the step-time model, with their sources."""
 
-    matmul_efficiency_by_gpu: dict[str, float] = Field(
-        default_factory=lambda: dict(MAMF_EFFICIENCY),
-        description="Catalog GPU name -> achieved fraction of the dense BF16 peak in large GEMMs (MAMF).",
+    matmul_efficiency_by_gpu: tuple[tuple[str, float], ...] = Field(
+        default=tuple(sorted(MAMF_EFFICIENCY.items())),
+        description="(catalog GPU name, achieved fraction of the dense BF16 peak in large GEMMs (MAMF)) pairs; "
+        "a mapping is accepted. Pairs, not a dict, so that the coefficients (and PlanInputs) stay hashable.",
     )
     matmul_efficiency_default: float = Field(
         default=0.80,
@@ -129,17 +133,26 @@ class TimeCoefficients(Frozen):
         description="Host memory bandwidth per node available to a host-side optimizer step.",
     )
 
+    @field_validator("matmul_efficiency_by_gpu", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any) -> Any:
+        """A mapping (as a calibration file writes it) becomes sorted (name, efficiency) pairs."""
+        return tuple(sorted(value.items())) if isinstance(value, Mapping) else value
+
     @field_validator("matmul_efficiency_by_gpu")
     @classmethod
-    def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
-        bad = {name: eff for name, eff in value.items() if not 0.0 < eff <= 1.0}
+    def _fractions(cls, value: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+        bad = {name: eff for name, eff in value if not 0.0 < eff <= 1.0}
         if bad:
             raise ValueError(f"matmul efficiencies must lie in (0, 1]: {bad}")
         return value
 
     def matmul_efficiency(self, gpu_name: str) -> float:
         """The achieved fraction of `gpu_name`'s BF16 peak in large GEMMs."""
-        return self.matmul_efficiency_by_gpu.get(gpu_name, self.matmul_efficiency_default)
+        for name, efficiency in self.matmul_efficiency_by_gpu:
+            if name == gpu_name:
+                return efficiency
+        return self.matmul_efficiency_default
 
 
 DEFAULT_TIME_COEFFICIENTS = TimeCoefficients()

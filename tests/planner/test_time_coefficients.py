@@ -42,6 +42,16 @@ def test_matmul_efficiency_is_the_measured_mamf_or_the_default() -> None:
     assert set(MAMF_EFFICIENCY) <= {"A100-40G", "A100-80G", "A800-80G", "H100-80G", "H800", "H200", "MI300X"}
 
 
+def test_coefficients_load_from_a_mapping_and_stay_hashable() -> None:
+    """A calibration writes a mapping; the coefficients keep sorted pairs so PlanInputs stays hashable."""
+    coef = TimeCoefficients.model_validate({"matmul_efficiency_by_gpu": {"H20": 0.9, "A100-80G": 0.85}})
+    assert coef.matmul_efficiency_by_gpu == (("A100-80G", 0.85), ("H20", 0.9))
+    assert coef.matmul_efficiency("H20") == 0.9 and coef.matmul_efficiency("H100-80G") == 0.80
+    assert TimeCoefficients.model_validate_json(coef.model_dump_json()) == coef
+    inputs = PlanInputs(model=model_ref(resolve_model("qwen2.5-1.5b")), cluster=parse_cluster("8xH100"))
+    assert hash(inputs.model_copy(update={"time_coefficients": coef})) != hash(inputs)
+
+
 def test_coefficients_reject_impossible_values() -> None:
     with pytest.raises(ValidationError):
         TimeCoefficients(matmul_efficiency_by_gpu={"H100-80G": 1.3})
