@@ -27,6 +27,7 @@ from grpo_pilot.planner.lengths import MEMORY_QUANTILE
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.plan import ModelRef, Plan, Provenance
 from grpo_pilot.planner.reports import MemoryReport, TimeReport
+from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, TimeCoefficients
 from grpo_pilot.planner.timing import estimate_time
 from grpo_pilot.profiles.catalog import ResolvedModel
 
@@ -56,8 +57,13 @@ class PlanInputs(Frozen):
     overheads: Overheads = Field(
         default=DEFAULT_OVERHEADS, description="Named memory constants (analytic defaults or a calibration)."
     )
+    time_coefficients: TimeCoefficients = Field(
+        default=DEFAULT_TIME_COEFFICIENTS,
+        description="Efficiencies and rates of the step-time model (analytic defaults or a calibration).",
+    )
     calibration: str | None = Field(
-        default=None, description="Name of the calibration the overheads come from (None = analytic defaults)."
+        default=None,
+        description="Name of the calibration the overheads and time coefficients come from (None = analytic).",
     )
 
     @property
@@ -105,7 +111,14 @@ def assess(inputs: PlanInputs, knobs: Knobs, structural: tuple[Check, ...] | Non
     spec, cluster, workload = inputs.model.spec, inputs.cluster, inputs.workload
     memory = estimate_memory(spec, cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
     time = estimate_time(
-        spec, cluster, workload, knobs, target=inputs.target, kv_cache_tokens_per_gpu=memory.kv_cache_tokens_per_gpu
+        spec,
+        cluster,
+        workload,
+        knobs,
+        target=inputs.target,
+        kv_cache_tokens_per_gpu=memory.kv_cache_tokens_per_gpu,
+        coefficients=inputs.time_coefficients,
+        overheads=inputs.overheads,
     )
     kv_short = knobs.rollout_backend == "vllm" and memory.kv_cache_tokens_per_gpu < workload.seq_len_tokens
     kv_budget = (

@@ -9,8 +9,13 @@ import pytest
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner import timing as T
 from grpo_pilot.planner.config import Knobs, Workload
+from grpo_pilot.planner.memory.activations import layer_activation_bytes_per_token
+from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS as COEF
 from grpo_pilot.planner.timing import estimate_time
 from grpo_pilot.profiles import resolve_model
+
+A100_MATMUL = 312e12 * 271.2 / 312  # MAMF of the A100 SXM (time_coefficients.py)
+A100_HBM = 2039e9 * COEF.hbm_efficiency
 
 SMALL = Workload(
     prompts_per_step=8, mini_batch_prompts=8, n=2, prompt_len_tokens=64, response_len_tokens=64, use_kl_loss=False
@@ -21,17 +26,37 @@ def spec(alias: str):
     return resolve_model(alias).spec
 
 
+def _layer_traffic(s, c: int = 2) -> int:
+    """2 × the bytes every layer saves per token (written once, read once)."""
+    per_layer = layer_activation_bytes_per_token(
+        s.hidden_size,
+        s.q_dim,
+        s.kv_dim,
+        s.intermediate_size,
+        s.num_attention_heads,
+        c,
+        qk_norm=s.qk_norm,
+        num_kv_heads=s.num_kv_heads,
+    )
+    return 2 * s.num_layers * per_layer
+
+
 def test_update_phase_single_gpu_by_hand() -> None:
-    """1 GPU, no FSDP traffic: epochs × minis × (micros × compute + AdamW on the whole model)."""
+    """1 GPU, no FSDP traffic: epochs × minis × (micros × tokens × roofline per token + AdamW).
+    Per token: 3× the forward's GEMM FLOPs at the A100's MAMF, 3× its attention FLOPs at 0.7 of that
+    rate, 3× the layers' elementwise traffic plus the logits' training traffic at 0.6 of HBM."""
     s, c = spec("qwen2.5-0.5b"), parse_cluster("1xA100-80G")
     k = Knobs(micro_batch_size_per_gpu=4, gradient_checkpointing=False)
     seqs = 8 * 2  # mini-batch prompts × n, one data-parallel rank
     micros = seqs // 4
     tokens = 4 * (64 + 64)
-    fwd = 2 * s.num_active_params + 4 * s.num_layers * s.q_dim * (128 / 2)  # 2P + causal attention
-    compute = tokens * 3 * fwd / (312e12 * T.UPDATE_MFU)
+    matmul = 3 * 2 * s.num_active_params
+    attention = 3 * 4 * s.num_layers * s.q_dim * (128 / 2)  # causal attention, average context 64
+    logits = 2 * (2 + 14) * s.vocab_size  # our engine's unfused training path: c + 14 bytes per element
+    memory = 3 * _layer_traffic(s) + logits
+    per_token = matmul / A100_MATMUL + attention / (A100_MATMUL * 0.7) + memory / A100_HBM
     adam = s.num_params * T.ADAM_BYTES_PER_PARAM / 2039e9
-    expected = 1 * 1 * (micros * compute + adam)
+    expected = 1 * 1 * (micros * tokens * per_token + adam)
     assert T.update_time_s(s, c, SMALL, k, "grpo-pilot") == pytest.approx(expected, rel=1e-12)
 
 
@@ -44,7 +69,9 @@ def test_partial_last_micro_batch_is_not_padded() -> None:
     assert times[4] == pytest.approx(times[1], rel=1e-12) == pytest.approx(times[5], rel=1e-12)
 
 
-def test_checkpointing_adds_one_forward_when_compute_bound() -> None:
+def test_checkpointing_adds_one_forward() -> None:
+    """Full recompute adds one forward of the layers (GEMMs, attention, elementwise traffic), not of the
+    logits: the difference is tokens × that forward, however large the rest."""
     s, c = spec("qwen2.5-0.5b"), parse_cluster("1xA100-80G")
     w = Workload(
         prompts_per_step=64,
@@ -56,9 +83,13 @@ def test_checkpointing_adds_one_forward_when_compute_bound() -> None:
     )
     on = T.update_time_s(s, c, w, Knobs(gradient_checkpointing=True), "grpo-pilot")
     off = T.update_time_s(s, c, w, Knobs(gradient_checkpointing=False), "grpo-pilot")
-    adam = s.num_params * T.ADAM_BYTES_PER_PARAM / 2039e9
-    # compute part scales 4/3 (6P+2P vs 6P); the optimizer step (one mini-batch) does not.
-    assert (on - adam) / (off - adam) == pytest.approx(4 / 3, rel=1e-9)
+    tokens = 64 * 4 * 1024
+    forward = (
+        2 * s.num_active_params / A100_MATMUL
+        + 4 * s.num_layers * s.q_dim * 512 / (A100_MATMUL * 0.7)
+        + _layer_traffic(s) / A100_HBM
+    )
+    assert on - off == pytest.approx(tokens * forward, rel=1e-9)
 
 
 def test_weight_sync_colocated_by_hand() -> None:
@@ -66,7 +97,7 @@ def test_weight_sync_colocated_by_hand() -> None:
     s, c = spec("qwen2.5-7b"), parse_cluster("8xA100-80G")
     k = Knobs(rollout_tp=2)
     weights = 2 * s.num_params
-    expected = weights * 7 / 8 / (300e9 * T.LINK_EFFICIENCY) + weights / 2 / 2039e9
+    expected = weights * 7 / 8 / (300e9 * COEF.link_efficiency) + weights / 2 / 2039e9
     assert T.weight_sync_time_s(s, c, k) == pytest.approx(expected, rel=1e-12)
     assert T.weight_sync_time_s(s, c, k.model_copy(update={"rollout_backend": "hf"})) == 0.0
 
@@ -76,7 +107,7 @@ def test_decode_is_bounded_below_by_the_longest_response() -> None:
     s, c = spec("qwen2.5-7b"), parse_cluster("1xH100")
     w = Workload(prompts_per_step=1, mini_batch_prompts=1, n=1, prompt_len_tokens=16, response_len_tokens=2048)
     k = Knobs(rollout_tp=1)
-    floor = 2048 * 2 * s.num_params / (3350e9 * T.DECODE_HBM_EFFICIENCY)
+    floor = 2048 * 2 * s.num_params / (3350e9 * COEF.hbm_efficiency)
     t = T.rollout_time_s(s, c, w, k, kv_cache_tokens_per_gpu=10**7)
     assert floor < t < 1.2 * floor
 
@@ -122,20 +153,35 @@ def test_v0_engine_pays_per_step_and_per_running_sequence() -> None:
     v1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), 10**9)
     v0 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1, vllm_engine="v0"), 10**9)
     generated = v1.seqs_per_replica * 145
-    extra = v1.decode_steps * T.VLLM_V0_STEP_OVERHEAD_S + generated * T.VLLM_V0_SEQ_STEP_OVERHEAD_S
+    extra = v1.decode_steps * COEF.vllm_v0_step_overhead_s + generated * COEF.vllm_v0_seq_step_overhead_s
     assert v0.decode_overhead_s - v1.decode_overhead_s == pytest.approx(extra, rel=1e-9)
     assert v0.decode_roofline_s == v1.decode_roofline_s
 
 
-def test_tp_all_reduces_cost_two_per_layer_per_step() -> None:
+def test_tp_collectives_cost_two_all_reduces_per_layer_and_a_logits_gather_per_step() -> None:
     s, c = spec("qwen2.5-7b"), parse_cluster("8xH100")
     w = Workload(prompt_len_mean_tokens=100, response_len_mean_tokens=200)
     tp1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), 10**9)
     tp4 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=4), 10**9)
-    assert tp1.decode_overhead_s == 0.0  # V1, CUDA graphs, no TP: nothing per step
+    assert tp1.decode_tp_comm_s == 0.0 and tp1.decode_overhead_s == 0.0  # V1, CUDA graphs, no TP
     batch = tp4.seqs_per_replica * 200 / tp4.decode_steps
-    per_step = 2 * s.num_layers * T.allreduce_s(batch * s.hidden_size * 2, 4, 450e9 * T.LINK_EFFICIENCY)
-    assert tp4.decode_overhead_s == pytest.approx(tp4.decode_steps * per_step, rel=1e-9)
+    link = 450e9 * COEF.link_efficiency
+    all_reduces = 2 * s.num_layers * T.allreduce_s(batch * s.hidden_size * 2, 4, link, COEF.allreduce_latency_s)
+    gather = COEF.allreduce_latency_s + batch * s.vocab_size * 2 * 3 / 4 / link
+    assert tp4.decode_tp_comm_s == pytest.approx(tp4.decode_steps * (all_reduces + gather), rel=1e-9)
+
+
+def test_every_tp_rank_samples_the_whole_replica_batch() -> None:
+    """vLLM V1 all-gathers the logits and every rank runs the sampler: per GPU, a TP-4 replica samples
+    4× the sequences a TP-1 replica does (same GPUs, same responses)."""
+    s, c = spec("qwen2.5-7b"), parse_cluster("8xH100")
+    w = Workload(prompt_len_mean_tokens=100, response_len_mean_tokens=200)
+    tp1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), 10**9)
+    tp4 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=4), 10**9)
+    assert tp4.seqs_per_replica == 4 * tp1.seqs_per_replica
+    assert tp4.decode_sampler_s == pytest.approx(4 * tp1.decode_sampler_s, rel=1e-12)
+    per_token = 2 * 20 * s.vocab_size / (3350e9 * COEF.hbm_efficiency)  # Overheads: 20 B per vocab entry
+    assert tp1.decode_sampler_s == pytest.approx(tp1.seqs_per_replica * 200 * per_token, rel=1e-12)
 
 
 def test_step_time_monotone_in_workload() -> None:
@@ -163,7 +209,7 @@ def test_offload_costs_time_and_verl_loads_once_per_phase() -> None:
     plain = T.update_time_s(s, c, w, Knobs(), "verl")
     verl_off = T.update_time_s(s, c, w, Knobs(param_offload=True, optimizer_offload=True), "verl")
     shard = s.num_params / 8
-    host = 64e9 * T.HOST_LINK_EFFICIENCY  # H100: PCIe 5.0 x16
+    host = 64e9 * COEF.host_link_efficiency  # H100: PCIe 5.0 x16
     # verl: params (fp32) and Adam m+v (2 × fp32) each cross PCIe twice, once per update phase.
     assert verl_off - plain == pytest.approx((2 * 4 + 2 * 8) * shard / host, rel=1e-9)
     ours_off = T.update_time_s(s, c, w, Knobs(param_offload=True, optimizer_offload=True), "grpo-pilot")
@@ -215,8 +261,9 @@ def test_kv_heads_replicate_beyond_tp() -> None:
 
 def test_multi_node_collectives_run_at_nic_speed() -> None:
     h100 = parse_cluster("8xH100").gpu
-    assert T.collective_bytes_per_s(h100, spans_nodes=True) == pytest.approx(
-        T.INTER_NODE_BYTES_PER_S * T.LINK_EFFICIENCY
+    assert T.collective_bytes_per_s(h100, True, COEF) == pytest.approx(
+        COEF.inter_node_bytes_per_s * COEF.link_efficiency
     )
-    assert T.collective_bytes_per_s(h100, spans_nodes=False) == pytest.approx(450e9 * T.LINK_EFFICIENCY)
-    assert math.isclose(T.host_link_bytes_per_s(parse_cluster("8xA100-80G").gpu), 32e9 * T.HOST_LINK_EFFICIENCY)
+    assert T.collective_bytes_per_s(h100, False, COEF) == pytest.approx(450e9 * COEF.link_efficiency)
+    a100 = parse_cluster("8xA100-80G").gpu
+    assert math.isclose(T.host_link_bytes_per_s(a100, COEF), 32e9 * COEF.host_link_efficiency)

@@ -3,7 +3,9 @@
 Every case goes through `grpo-plan` as a user would type it (`corpus.command`): its launch file as
 published (`--from-verl` / `--from-trl`), the GPUs it ran on, and the length statistics its logs report.
 - verdict: a run that ran must fit, a reported OOM must not (headroom 0: the estimate against the device);
-- published step times: within 2x, and the cases ranked as measured.
+- published step times: within 2x, and the cases ranked as measured;
+- rankings (one source's side-by-side measurements: GPU counts, TP sizes): predicted in the measured
+  order, and where the lengths are assumed, in that order over the whole range of assumed lengths.
 verl's own example scripts (verl_examples/) must be read unchanged.
 """
 
@@ -18,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import HERE, command, load_cases, run_case  # noqa: E402
+from corpus import HERE, command, load_cases, load_rankings, run_case  # noqa: E402
 
 from grpo_pilot.cli_plan import app  # noqa: E402
 from grpo_pilot.hardware import parse_cluster  # noqa: E402
@@ -26,7 +28,10 @@ from grpo_pilot.planner.from_trl import read_trl  # noqa: E402
 from grpo_pilot.planner.from_verl import read_verl  # noqa: E402
 
 CASES = load_cases()
+RANKINGS = load_rankings()
 TIME_RATIO_BOUND = 2.0
+# Mean response lengths (tokens) an assumed-length ranking must hold over (cases.json says why).
+ASSUMED_RESPONSE_MEANS = (1000, 3000, 4000)
 
 
 @lru_cache(maxsize=None)
@@ -49,6 +54,15 @@ def test_the_corpus_is_large_and_documented() -> None:
                 assert launch.get(f"why_{extra}"), (case["id"], extra)
     assert any(c["outcome"]["status"] == "oom" for c in CASES)
     assert sum(1 for c in CASES if c["outcome"].get("step_s")) >= 3
+    ids = {c["id"] for c in CASES}
+    for ranking in RANKINGS:
+        assert ranking["source"] and ranking["claim"] and len(ranking["cases"]) >= 2, ranking["id"]
+        for member in ranking["cases"]:
+            assert member in ids, (ranking["id"], member)
+            assert next(c for c in CASES if c["id"] == member)["outcome"].get("step_s"), member
+    for case in CASES:
+        lengths = case.get("lengths") or {}
+        assert not lengths or lengths.get("source"), case["id"]  # measured or assumed, the case says whence
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
@@ -108,3 +122,29 @@ def test_case_command_is_what_a_user_types() -> None:
     args = command(case)
     assert args[:2] == ["--from-verl", str(HERE / case["launch"]["file"])]
     assert "--override" in args and "VLLM_USE_V1=0" in args and "--response-len-mean" in args
+
+
+def _members_by_measured_time(ranking: dict) -> list[dict]:
+    members = [next(c for c in CASES if c["id"] == member) for member in ranking["cases"]]
+    return sorted(members, key=lambda c: c["outcome"]["step_s"])
+
+
+@pytest.mark.parametrize("ranking", RANKINGS, ids=[r["id"] for r in RANKINGS])
+def test_rankings_are_predicted_in_the_measured_order(ranking: dict) -> None:
+    members = _members_by_measured_time(ranking)
+    predicted = [plan_of(c["id"])["predicted_step_s"] for c in members]
+    assert predicted == sorted(predicted), [(c["id"], round(p, 1)) for c, p in zip(members, predicted)]
+
+
+ASSUMED = [r for r in RANKINGS if any((c.get("lengths") or {}).get("assumed") for c in _members_by_measured_time(r))]
+
+
+@pytest.mark.parametrize("ranking", ASSUMED, ids=[r["id"] for r in ASSUMED])
+@pytest.mark.parametrize("response_mean", ASSUMED_RESPONSE_MEANS)
+def test_assumed_length_rankings_hold_over_the_assumed_range(ranking: dict, response_mean: int) -> None:
+    """The order must not hang on the one assumed mean length: it holds from 1,000 to 4,000 tokens."""
+    predicted = []
+    for case in _members_by_measured_time(ranking):
+        lengths = dict(case["lengths"], flags=dict(case["lengths"]["flags"], **{"--response-len-mean": response_mean}))
+        predicted.append(run_case(dict(case, lengths=lengths))["predicted_step_s"])
+    assert predicted == sorted(predicted), predicted

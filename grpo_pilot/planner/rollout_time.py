@@ -1,0 +1,194 @@
+"""Rollout time: prefill and decode of every response of a step, per replica (replicas run in parallel).
+
+A replica is `rollout_tp` GPUs (vLLM) or one GPU (HF generate on the policy); the step's S responses
+are split evenly over the replicas.
+
+- prefill: compute-bound (2·P FLOPs per prompt token, vLLM's prefix cache prefills a prompt once for
+  its n samples), never faster than reading the weights once per `max_num_batched_tokens` chunk;
+- decode: vLLM batches continuously: the replica's S sequences run C at a time (C = the KV cache's
+  capacity at the expected sequence length, capped by `max_num_seqs`), so decode takes
+  max(tail, S·R̄ / C) steps; HF generate decodes fixed batches, each as long as its longest response.
+  Over all steps each GPU reads its weight shard once per step and its share of every live sequence's
+  KV cache (Σ context = S·(P̄·R̄ + E[R²]/2) tokens), and computes 2·P/t per generated token. The
+  GEMMs take the larger of their weight traffic over HBM bandwidth and their FLOPs at the GEMM rate;
+  the attention kernels, which run after them, the larger of the KV traffic and their FLOPs
+  (`roofline.py`): the two add. After each forward, per step:
+  * the sampler: vLLM V1 all-gathers the logits to every TP rank (`Platform.use_all_gather()` is true
+    under V1: vllm/platforms/interface.py) and every rank samples the replica's whole batch, so each
+    GPU streams B × V × the sampler's bytes per vocabulary entry (`Overheads`, read and written) —
+    a cost that does not shrink with TP, which is one reason more, smaller replicas win;
+  * TP collectives: two all-reduces of the hidden states per layer and the logits all-gather, each
+    latency + bytes over the link;
+  * the engine's CPU time (V0: a fixed part and a part per running sequence; V1 overlaps it), the
+    eager-mode kernel dispatch when CUDA graphs are off, and for HF generate on an FSDP policy the
+    all-gather of every weight.
+Every efficiency comes from `TimeCoefficients`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from grpo_pilot.hardware.cluster import Cluster
+from grpo_pilot.planner.config import Knobs, Workload
+from grpo_pilot.planner.lengths import lengths_of
+from grpo_pilot.planner.memory.precision import precision_for
+from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
+from grpo_pilot.planner.roofline import (
+    TokenCost,
+    allreduce_s,
+    attention_flops_per_token,
+    collective_bytes_per_s,
+    compute_seconds,
+    kv_bytes_per_token_per_gpu,
+    memory_seconds,
+    param_counts,
+    pools,
+    ring_time_s,
+)
+from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, TimeCoefficients
+from grpo_pilot.profiles.spec import ModelSpec
+from grpo_pilot.units import BF16_BYTES
+
+# The sampler writes each of its per-vocabulary-entry buffers once and reads it once.
+SAMPLER_TRAFFIC_PER_HELD_BYTE = 2
+
+
+class RolloutBreakdown(NamedTuple):
+    """How one rollout spends its time, per replica (all replicas run in parallel)."""
+
+    replicas: int
+    seqs_per_replica: int
+    concurrency: int  # sequences decoding at once
+    decode_steps: int
+    prefill_s: float
+    decode_roofline_s: float  # GEMMs max(weights / bandwidth, FLOPs / rate) + attention max(KV reads, FLOPs)
+    decode_sampler_s: float  # logits → tokens over the replica's batch, on every GPU of the replica
+    decode_tp_comm_s: float  # two all-reduces per layer and the logits all-gather, per step
+    decode_overhead_s: float  # per-step engine overhead, eager dispatch, HF's weight all-gather
+
+    @property
+    def total_s(self) -> float:
+        return (
+            self.prefill_s
+            + self.decode_roofline_s
+            + self.decode_sampler_s
+            + self.decode_tp_comm_s
+            + self.decode_overhead_s
+        )
+
+
+def rollout_breakdown(
+    spec: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    knobs: Knobs,
+    kv_cache_tokens_per_gpu: int | None = None,
+    *,
+    coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
+    overheads: Overheads = DEFAULT_OVERHEADS,
+) -> RolloutBreakdown:
+    """Prefill and decode of every response of the step (module docstring). `kv_cache_tokens_per_gpu`
+    is the KV capacity the memory estimate found (None = unlimited: `max_num_seqs` caps concurrency)."""
+    coef, gpu, L = coefficients, cluster.gpu, lengths_of(workload)
+    rollout_gpus, _ = pools(cluster, knobs)
+    hf = knobs.rollout_backend == "hf"
+    tp = 1 if hf else knobs.rollout_tp
+    replicas = max(1, rollout_gpus // tp)
+    seqs = math.ceil(workload.responses_per_step / replicas)
+    rollout_bytes = precision_for("grpo-pilot", gpu.is_cpu).rollout_bytes
+    total_params, active_params = param_counts(spec)
+    weight_bytes = rollout_bytes * total_params / tp
+    eager_s = coef.eager_launch_s_per_layer * spec.num_layers if (hf or knobs.enforce_eager) else 0.0
+    v0 = not hf and knobs.vllm_engine == "v0"
+    engine_s = 0.0 if hf else (coef.vllm_v0_step_overhead_s if v0 else coef.vllm_v1_step_overhead_s)
+    seq_step_s = coef.vllm_v0_seq_step_overhead_s if v0 else 0.0
+    link = collective_bytes_per_s(gpu, tp > cluster.gpus_per_node, coef)
+    # HF generate on an FSDP policy all-gathers every weight for every forward.
+    gather_s = (
+        ring_time_s(BF16_BYTES * total_params, rollout_gpus, collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef))
+        if hf
+        else 0.0
+    )
+
+    def hidden_all_reduces_s(tokens: float) -> float:
+        return (
+            2
+            * spec.num_layers
+            * allreduce_s(tokens * spec.hidden_size * BF16_BYTES, tp, link, coef.allreduce_latency_s)
+        )
+
+    def logits_gather_s(tokens: float) -> float:
+        if tp <= 1:
+            return 0.0
+        return coef.allreduce_latency_s + ring_time_s(tokens * spec.vocab_size * BF16_BYTES, tp, link)
+
+    # Prefill: each distinct prompt once (prefix cache; HF prefills every row), in chunks.
+    prompt_tokens = (seqs if hf else math.ceil(workload.prompts_per_step / replicas)) * L.prompt_mean
+    chunk = max(1, knobs.max_num_batched_tokens)
+    num_chunks = max(1, math.ceil(prompt_tokens / chunk))
+    prefill_cost = TokenCost(2.0 * active_params / tp, attention_flops_per_token(spec, L.prompt_mean / 2) / tp, 0.0)
+    prefill_s = max(
+        prompt_tokens * compute_seconds(prefill_cost, gpu, coef), memory_seconds(num_chunks * weight_bytes, gpu, coef)
+    )
+    prefill_s += num_chunks * (hidden_all_reduces_s(min(chunk, prompt_tokens)) + eager_s + engine_s + gather_s)
+
+    # Decode: concurrency from the KV capacity at the expected sequence length.
+    cap = knobs.max_num_seqs
+    if kv_cache_tokens_per_gpu is not None and not hf:
+        cap = min(cap, kv_cache_tokens_per_gpu // max(1, math.ceil(L.seq_mean)))
+    concurrency = max(1, min(cap, seqs))
+    generated = seqs * L.response_mean
+    if hf:  # fixed batches, each lasting its longest response
+        steps = math.ceil(seqs / concurrency) * L.response_tail
+    else:  # continuous batching: the tail or the throughput, whichever is longer
+        steps = max(L.response_tail, math.ceil(generated / concurrency))
+    # Two kernel classes per step, one after the other: the GEMMs stream the weight shard and compute
+    # 2·P/t per running sequence (the larger of the two), then attention streams every live
+    # sequence's KV cache (and computes its QKᵀ and AV, the larger of the two).
+    kv_per_token = kv_bytes_per_token_per_gpu(spec, tp, rollout_bytes)
+    context_reads = seqs * (L.prompt_mean * L.response_mean + L.response_second_moment / 2)
+    mean_context = L.prompt_mean + L.response_second_moment / (2 * max(L.response_mean, 1.0))
+    gemm_s = max(
+        memory_seconds(steps * weight_bytes, gpu, coef),
+        generated * compute_seconds(TokenCost(2.0 * active_params / tp, 0.0, 0.0), gpu, coef),
+    )
+    attention_s = max(
+        memory_seconds(context_reads * kv_per_token, gpu, coef),
+        generated * compute_seconds(TokenCost(0.0, attention_flops_per_token(spec, mean_context) / tp, 0.0), gpu, coef),
+    )
+    roofline_s = gemm_s + attention_s
+    sampler_bytes = SAMPLER_TRAFFIC_PER_HELD_BYTE * overheads.vllm_sampler_bytes_per_vocab_entry * spec.vocab_size
+    sampler_s = memory_seconds(generated * sampler_bytes, gpu, coef)
+    batch = generated / steps if steps else 0.0
+    tp_comm_s = steps * (hidden_all_reduces_s(batch) + logits_gather_s(batch))
+    # every generated token is one running sequence in one step
+    overhead_s = steps * (engine_s + eager_s + gather_s) + generated * seq_step_s
+    return RolloutBreakdown(
+        replicas=replicas,
+        seqs_per_replica=seqs,
+        concurrency=concurrency,
+        decode_steps=steps,
+        prefill_s=prefill_s,
+        decode_roofline_s=roofline_s,
+        decode_sampler_s=sampler_s,
+        decode_tp_comm_s=tp_comm_s,
+        decode_overhead_s=overhead_s,
+    )
+
+
+def rollout_time_s(
+    spec: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    knobs: Knobs,
+    kv_cache_tokens_per_gpu: int | None = None,
+    *,
+    coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
+    overheads: Overheads = DEFAULT_OVERHEADS,
+) -> float:
+    """Seconds of the rollout phase (`rollout_breakdown(...).total_s`)."""
+    return rollout_breakdown(
+        spec, cluster, workload, knobs, kv_cache_tokens_per_gpu, coefficients=coefficients, overheads=overheads
+    ).total_s

@@ -1,0 +1,158 @@
+"""`TimeCoefficients`: every efficiency and rate the step-time model takes from outside its formulas.
+
+The time model (`timing.py`, `rollout_time.py`, `roofline.py`) is a roofline: FLOPs over the device's
+peak, bytes over its bandwidths. What a real kernel reaches of those peaks is not a formula; it is
+one of the fields below, each with the public measurement it comes from. Nothing else in the time
+model is a free number: calibration (grpo-tune, issue 9) fits a new `TimeCoefficients` from measured
+runs and threads it through `PlanInputs.time_coefficients`, as `Overheads` is for memory.
+
+Matmul efficiency is device-aware: the Maximum Achievable Matmul FLOPS (MAMF) measured per accelerator
+(stas00/ml-engineering@b9e29720eebd4aa946fa9678975385efbc90a777 compute/accelerator/README.md, "Maximum
+Achievable Matmul FLOPS comparison table", BF16 v2 table: mean of 100 iterations at the best shape of
+a brute-force search), keyed by our catalog's GPU names; a GPU the table does not list gets the
+default, the lower end of "optimized GEMM can reach up to 80-90% of the theoretical maximum device
+throughput" (Dao, FlashAttention-2, arXiv 2307.08691, §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from grpo_pilot.models import Frozen
+from grpo_pilot.units import GB
+
+# MAMF / datasheet peak, BF16 (ml-engineering table above). A800 and H800 are the export versions of
+# A100 SXM and H100 SXM (same dies and clocks, NVLink cut; hardware/gpus.py), so they take those rows;
+# H200 takes the GH200 row (the same GH100 die with 141 GB HBM3e, measured at 900 W).
+MAMF_EFFICIENCY: dict[str, float] = {
+    "A100-40G": 271.2 / 312,  # NVIDIA A100 SXM: 86.9%
+    "A100-80G": 271.2 / 312,
+    "A800-80G": 271.2 / 312,
+    "H100-80G": 794.5 / 989,  # NVIDIA H100 SXM: 80.3%
+    "H800": 794.5 / 989,
+    "H200": 828.6 / 989,  # NVIDIA GH200 SXM 141 GB HBM3e: 83.6% (83.8% in the table's rounding)
+    "MI300X": 668.4 / 1300,  # AMD MI300X, ROCm 6.3, PYTORCH_TUNABLEOP_ENABLED=1: 51.4%
+}
+
+
+class TimeCoefficients(Frozen):
+    """Efficiencies (fractions of datasheet peaks) and rates of the step-time model, with their sources."""
+
+    matmul_efficiency_by_gpu: tuple[tuple[str, float], ...] = Field(
+        default=tuple(sorted(MAMF_EFFICIENCY.items())),
+        description="(catalog GPU name, achieved fraction of the dense BF16 peak in large GEMMs (MAMF)) pairs; "
+        "a mapping is accepted. Pairs, not a dict, so that the coefficients (and PlanInputs) stay hashable.",
+    )
+    matmul_efficiency_default: float = Field(
+        default=0.80,
+        gt=0.0,
+        le=1.0,
+        # FlashAttention-2 §1: optimized GEMM reaches up to 80-90% of peak; the lower end for GPUs
+        # without a MAMF measurement (H20, L40S, B200, ...).
+        description="Matmul efficiency of a GPU the table does not list.",
+    )
+    attention_relative_efficiency: float = Field(
+        default=0.7,
+        gt=0.0,
+        le=1.0,
+        # FlashAttention-2 (arXiv 2307.08691): its attention reaches 50-73% of A100 peak where GEMMs
+        # reach 80-90% (abstract, §1): about 0.7 of the GEMM rate.
+        description="Attention (flash kernels) FLOP rate as a fraction of the GPU's matmul rate.",
+    )
+    hbm_efficiency: float = Field(
+        default=0.6,
+        gt=0.0,
+        le=1.0,
+        # Databricks, "LLM Inference Performance Engineering: Best Practices" (2023): ~60% memory
+        # bandwidth utilisation (MBU) for 7B-class decode on A100; used for every memory-bound
+        # stream (decode weights and KV, training elementwise traffic, logits, the sampler).
+        description="Achieved fraction of peak HBM bandwidth in memory-bound kernels.",
+    )
+    link_efficiency: float = Field(
+        default=0.75,
+        gt=0.0,
+        le=1.0,
+        # nccl-tests all_reduce_perf: ~230 GB/s bus bandwidth on A100 NVLink3 (300 GB/s per direction)
+        # = 0.77; 0.75 also covers PCIe rings.
+        description="NCCL bus bandwidth / link peak for large collectives.",
+    )
+    allreduce_latency_s: float = Field(
+        default=10e-6,
+        ge=0.0,
+        # nccl-tests / vLLM's custom all-reduce: ~5-20 µs per small-message collective on NVLink.
+        description="Latency of one small-message collective (decode TP all-reduce, logits all-gather).",
+    )
+    vllm_v0_step_overhead_s: float = Field(
+        default=9e-3,
+        ge=0.0,
+        # vLLM RFC #6854 (multi-step scheduling): 5-13 ms of GPU bubble per V0 decode step; midpoint.
+        description="vLLM V0 engine time per decode step outside the forward.",
+    )
+    vllm_v0_seq_step_overhead_s: float = Field(
+        default=3.4e-3 / 32,
+        ge=0.0,
+        # vLLM RFC #6913: V0 `_process_model_outputs` took 3.4 ms for a batch of 32 (Llama-3-70B, 4×H100).
+        description="vLLM V0 output processing per running sequence per decode step.",
+    )
+    vllm_v1_step_overhead_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        # vLLM V1 user guide: scheduling and output processing run in a busy loop that overlaps the
+        # forward ("near-zero CPU overhead").
+        description="vLLM V1 engine time per decode step outside the forward.",
+    )
+    eager_launch_s_per_layer: float = Field(
+        default=3.3e-3 / 32,
+        ge=0.0,
+        # cloudai.pt, "CUDA Graphs + torch.compile: 1.65x LLM Decode Speedup": a Llama-3.1-8B decode
+        # step on H100 SXM5 took 8.4 ms eager vs 5.1 ms as a CUDA graph: 3.3 ms over 32 layers.
+        description="Kernel-dispatch time per decoder layer per forward without CUDA graphs.",
+    )
+    host_link_efficiency: float = Field(
+        default=0.8,
+        gt=0.0,
+        le=1.0,
+        # CUDA bandwidthTest: pinned copies reach ~25 GB/s of PCIe 4.0 x16's 32 GB/s.
+        description="Achieved fraction of the PCIe peak for pinned host<->device copies.",
+    )
+    inter_node_bytes_per_s: float = Field(
+        default=25 * GB,
+        gt=0.0,
+        # DGX A100 reference design: one 200 Gb/s HDR InfiniBand NIC per GPU = 25 GB/s per direction
+        # (DGX H100 has 400 Gb/s NDR; 25 GB/s is the conservative common case).
+        description="Inter-node bandwidth per GPU, one direction.",
+    )
+    host_memory_bytes_per_s: float = Field(
+        default=100 * GB,
+        gt=0.0,
+        # A two-socket DDR4-3200 server peaks near 400 GB/s; PyTorch's CPU AdamW (foreach, fp32) reaches
+        # about a quarter of it, shared by every rank of the node.
+        description="Host memory bandwidth per node available to a host-side optimizer step.",
+    )
+
+    @field_validator("matmul_efficiency_by_gpu", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any) -> Any:
+        """A mapping (as a calibration file writes it) becomes sorted (name, efficiency) pairs."""
+        return tuple(sorted(value.items())) if isinstance(value, Mapping) else value
+
+    @field_validator("matmul_efficiency_by_gpu")
+    @classmethod
+    def _fractions(cls, value: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+        bad = {name: eff for name, eff in value if not 0.0 < eff <= 1.0}
+        if bad:
+            raise ValueError(f"matmul efficiencies must lie in (0, 1]: {bad}")
+        return value
+
+    def matmul_efficiency(self, gpu_name: str) -> float:
+        """The achieved fraction of `gpu_name`'s BF16 peak in large GEMMs."""
+        for name, efficiency in self.matmul_efficiency_by_gpu:
+            if name == gpu_name:
+                return efficiency
+        return self.matmul_efficiency_default
+
+
+DEFAULT_TIME_COEFFICIENTS = TimeCoefficients()
