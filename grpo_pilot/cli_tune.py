@@ -97,7 +97,7 @@ def main(
     from grpo_pilot.tuner.report import write_outputs
     from grpo_pilot.tuner.runner import SubprocessRunner
     from grpo_pilot.tuner.space import build_space
-    from grpo_pilot.tuner.study import default_storage, open_study, records
+    from grpo_pilot.tuner.study import check_identity, default_storage, open_study, records
     from grpo_pilot.tuner.sweep import Sweep, SweepSettings, prepare
 
     base = load_plan(plan)
@@ -108,6 +108,7 @@ def main(
     the_study = open_study(url, study)
     space = build_space(base)
     setup = prepare(base, space, memory_limit(base, cap), use_prior=True)
+    check_identity(the_study, base, setup.space)
     settings = SweepSettings(
         trials=trials,
         steps_per_trial=steps_per_trial,

@@ -5,7 +5,8 @@ One trial, top to bottom (`_one_trial`):
   2. a point already tried, queued or running is a duplicate: told failed and not counted; after
      `DUPLICATE_LIMIT` in a row, an unseen point is queued (best predicted, or random without prior);
   3. the planner evaluates the point into a trial plan (prediction for every phase);
-  4. predicted far over memory → recorded as pruned, not run;
+  4. predicted far over memory → recorded as pruned, not run (never the input plan: it is the
+     baseline, and its measurement calibrates the pruning of everything after it);
   5. otherwise the trial plan runs through the engine (`TrialRunner`), and the record — prediction
      beside measurement, or the failure with its reason — is stored with the trial; the study is
      told the measured tokens/s (complete) or failed.
@@ -178,7 +179,10 @@ class Sweep:
                 if r.status == "ok" and r.measured_peak_bytes is not None
             ]
         )
-        reason = prune_reason(plan, self.limit, ratio) if self.settings.use_prior else None
+        # the input plan always runs: it is the baseline, and its measurement tells the pruning how far
+        # off the planner is on this machine before anything is skipped
+        prunable = self.settings.use_prior and source != "input_plan"
+        reason = prune_reason(plan, self.limit, ratio) if prunable else None
         self.events.trial_started(trial.number, params, source)
         if reason is not None:
             record = self._record(trial.number, source, params, plan, None, prune=reason)

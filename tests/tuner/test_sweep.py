@@ -14,7 +14,7 @@ from grpo_pilot.errors import InputError, RunError
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.tuner import study as st
 from grpo_pilot.tuner.prior import memory_limit, peak_tensor_bytes, seqs_per_micro_batch
-from grpo_pilot.tuner.space import build_space, params_of
+from grpo_pilot.tuner.space import TuneSpace, build_space, params_of
 from grpo_pilot.tuner.sweep import Sweep, SweepSettings, prepare
 
 SEQ = 48  # tiny: prompt 32 + response 16
@@ -25,10 +25,10 @@ def rate_of(knobs: Knobs) -> float:
     return 1000.0 * seqs_per_micro_batch(knobs, SEQ) ** 0.5 * (0.8 if knobs.gradient_checkpointing else 1.0)
 
 
-def sweep(tmp_path, runner, events, *, trials, storage=None, name="s", cap=None, use_prior=True, plan=None):
+def sweep(tmp_path, runner, events, *, trials, storage=None, name="s", cap=None, use_prior=True, plan=None, space=None):
     plan = plan or tiny_plan()
     study = st.open_study(storage, name)
-    setup = prepare(plan, build_space(plan), memory_limit(plan, cap), use_prior)
+    setup = prepare(plan, space or build_space(plan), memory_limit(plan, cap), use_prior)
     settings = SweepSettings(
         trials=trials,
         out_dir=str(tmp_path / "out"),
@@ -85,33 +85,39 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, events):
 
 def test_far_over_memory_is_pruned_without_running(tmp_path, events):
     plan = tiny_plan()
-    cap = peak_tensor_bytes(plan) // 2  # the input plan is predicted at 2x the cap
-    runner = FakeRunner(lambda k: measured(rate_of(k), peak_bytes=cap // 2))
-    study, sw = sweep(tmp_path, runner, events, trials=4, cap=cap)
-    records = sw.run()
-    first = records[0]
-    assert first.source == "input_plan" and first.status == "pruned" and first.steps == 0
-    assert "2.0x over memory" in first.prune_reason and "cap" in first.prune_reason
-    assert study.trials[first.number].state == TrialState.PRUNED
-    assert plan.knobs not in runner.knobs  # never ran
-    ran = [r for r in records if r.status == "ok"]
-    assert ran and all(r.memory_cap_bytes == cap for r in records)
+    cap = peak_tensor_bytes(plan) // 2  # the input plan is predicted at 2x the cap, the planner's best at ~4x
+    runner = FakeRunner(
+        lambda k: failed("oom", "over the cap", phase="update") if k == plan.knobs else measured(rate_of(k), cap // 2)
+    )
+    space = TuneSpace(choices={"update_batch": ("micro:4", "micro:16", "micro:32")}, base=plan.knobs)
+    study, sw = sweep(tmp_path, runner, events, trials=3, cap=cap, space=space)
+    first, small, big = sw.run()
+    assert first.source == "input_plan" and first.status == "oom"  # the baseline always runs
+    # the planner ranks what fits the cap first: micro:4 (predicted under the cap) runs
+    assert small.source == "planner" and small.params == {"update_batch": "micro:4"} and small.status == "ok"
+    # micro:32 is predicted at 3.7x the cap; scaled by what micro:4 measured (half its prediction), still
+    # 1.9x: recorded, not run
+    assert big.params == {"update_batch": "micro:32"} and big.status == "pruned" and big.steps == 0
+    assert "1.9x over memory" in big.prune_reason and "against the cap" in big.prune_reason
+    assert "prediction x0.51" in big.prune_reason
+    assert study.trials[big.number].state == TrialState.PRUNED
+    assert big.knobs not in runner.knobs and len(runner.requests) == 2
+    records = [first, small, big]
+    assert all(r.memory_cap_bytes == cap for r in records)
     assert all(req.settings == {"memory_cap_bytes": cap} for req in runner.requests)
 
 
 def test_pruning_follows_what_the_runs_measured(tmp_path, events):
-    # the first run measures a quarter of its predicted peak; later candidates are judged by that ratio
     plan = tiny_plan()
     cap = peak_tensor_bytes(plan) // 2
+    # the input plan measures at a quarter of its predicted peak: candidates predicted up to 6x the cap now run
     runner = FakeRunner(lambda k: measured(rate_of(k), peak_bytes=peak_tensor_bytes(plan) // 4))
-    study, sw = sweep(tmp_path, runner, events, trials=3, cap=cap)
-    # make the input plan run first: its ratio then applies to everything after
+    space = TuneSpace(choices={"update_batch": ("micro:4", "micro:16", "micro:32")}, base=plan.knobs)
+    _, sw = sweep(tmp_path, runner, events, trials=3, cap=cap, space=space)
     records = sw.run()
-    assert records[0].status == "pruned"  # no measurement yet: raw prediction, 2x over
-    later = records[1:]
-    assert any(r.status == "ok" for r in later)
-    after_first_ok = later[[r.status for r in later].index("ok") + 1 :]
-    assert all(r.status == "ok" for r in after_first_ok)
+    assert [r.status for r in records] == ["ok", "ok", "ok"]
+    assert records[2].params == {"update_batch": "micro:32"}
+    assert records[2].predicted_peak_tensor_bytes > 3 * cap  # by the raw prediction: far over
 
 
 def test_plain_optuna_has_no_seeds_and_no_pruning(tmp_path, events):
