@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -32,12 +33,17 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rich.table import Table
+
 from grpo_pilot.atomic import atomic_write_text
 from grpo_pilot.planner.evaluate import evaluate
 from grpo_pilot.planner.plan import load_plan, save_plan
-from grpo_pilot.tuner.prior import plan_inputs
-from grpo_pilot.tuner.runner import SubprocessRunner, TrialRequest
-from grpo_pilot.tuner.space import build_space, grid, knobs_at
+from grpo_pilot.tuner.display import knobs_text
+from grpo_pilot.tuner.prior import memory_limit, plan_inputs
+from grpo_pilot.tuner.runner import Failure, SubprocessRunner, TrialOutcome, TrialRequest
+from grpo_pilot.tuner.space import TuneSpace, build_space, grid, knobs_at, params_of, point_key
+from grpo_pilot.tuner.study import make_sampler, open_study
+from grpo_pilot.tuner.sweep import Sweep, SweepSettings, prepare
 from grpo_pilot.tuner.versions import software_versions
 
 PLAN = "examples/tiny/plan.json"
@@ -93,12 +99,133 @@ def measure_grid(repeats: int, steps: int, console: Console) -> dict[str, Any]:
     }
 
 
+class ReplayRunner:
+    """A trial runner that looks the point up in the measured grid and returns one of its repeats."""
+
+    def __init__(self, table: dict[str, Any], space: TuneSpace, rng: random.Random) -> None:
+        self.space, self.rng = space, rng
+        self.rates = {point_key(r["params"]): r["tokens_per_s"] for r in table["points"]}
+
+    def run(self, request: TrialRequest) -> TrialOutcome:
+        params = params_of(self.space, load_plan(request.plan_path).knobs)
+        rates = self.rates[point_key(params or {})]
+        if not rates:
+            return TrialOutcome(status="crash", failure=Failure(kind="crash", message="failed in the grid"))
+        return TrialOutcome(status="ok", tokens_per_s=self.rng.choice(rates), steps_measured=(2, 3))
+
+
+def replay(table: dict[str, Any], use_prior: bool, seed: int, budget: int, workdir: Path) -> list[tuple[str, ...]]:
+    """One sweep over the measured table; the points it ran, in order (pruned points are not runs)."""
+    plan = load_plan(table["plan"])
+    space = build_space(plan).restrict(table["dimensions"])
+    setup = prepare(plan, space, memory_limit(plan), use_prior)
+    study = open_study(None, f"replay-{seed}")
+    study.sampler = make_sampler(seed)
+    settings = SweepSettings(
+        trials=budget,
+        out_dir=str(workdir / f"{'prior' if use_prior else 'plain'}-{seed}"),
+        config_path=table["config"],
+        use_prior=use_prior,
+        fallback_seed=seed,
+    )
+    runner = ReplayRunner(table, space, random.Random(seed))
+    records = Sweep(study, plan, setup, settings, runner, Quiet()).run()
+    return [point_key(r.params) for r in records if r.status != "pruned"]
+
+
+class Quiet:
+    """SweepEvents that print nothing."""
+
+    def begin(self, done: int, total: int) -> None:
+        return None
+
+    def trial_started(self, number: int, params: dict[str, Any], source: str) -> None:
+        return None
+
+    def trial_finished(self, record: Any) -> None:
+        return None
+
+    def note(self, text: str) -> None:
+        return None
+
+
+def trials_to_target(order: list[tuple[str, ...]], good: set[tuple[str, ...]]) -> int | None:
+    """1-based index of the first run of a point within the tolerance of the grid's best (None: never)."""
+    for i, key in enumerate(order, start=1):
+        if key in good:
+            return i
+    return None
+
+
+def summarise(table: dict[str, Any], seeds: int, budget: int, console: Console) -> bool:
+    medians = {
+        point_key(r["params"]): statistics.median(r["tokens_per_s"]) for r in table["points"] if r["tokens_per_s"]
+    }
+    best = max(medians.values())
+    good = {k for k, v in medians.items() if v >= (1 - TOLERANCE) * best}
+    grid_table = Table(
+        title=f"measured grid: {len(medians)} points x {table['repeats']} runs of {table['steps']} steps "
+        f"({table['measured_at']}), top 10 by median tokens/s"
+    )
+    for col in ("point", "median tok/s", "runs", "within 5%"):
+        grid_table.add_column(col, justify="left" if col == "point" else "right")
+    for key, value in sorted(medians.items(), key=lambda kv: -kv[1])[:10]:
+        runs = next(r["tokens_per_s"] for r in table["points"] if point_key(r["params"]) == key)
+        grid_table.add_row(
+            knobs_text(dict(key)), f"{value:,.0f}", " ".join(f"{x:,.0f}" for x in runs), "yes" if key in good else ""
+        )
+    Console().print(grid_table)
+    print(
+        f"target: >= {(1 - TOLERANCE) * best:,.0f} tokens/s (95% of the best median {best:,.0f}); "
+        f"{len(good)} of {len(medians)} points qualify"
+    )
+    result = Table(title=f"trials (real runs) to reach the target, {seeds} seeds each (replayed over the grid)")
+    for col in ("strategy", "median", "mean", "p90", "worst", "first run hits", "not within budget"):
+        result.add_column(col, justify="left" if col == "strategy" else "right")
+    stats = {}
+    with (
+        tempfile.TemporaryDirectory(prefix="tune-replay-") as tmp,
+        Progress(
+            TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as bar,
+    ):
+        task = bar.add_task("sweeps", total=2 * seeds)
+        for name, use_prior in (("grpo-tune (planner prior)", True), ("plain Optuna (same TPE)", False)):
+            counts = []
+            for seed in range(seeds):
+                found = trials_to_target(replay(table, use_prior, seed, budget, Path(tmp)), good)
+                counts.append(found if found is not None else budget + 1)
+                bar.advance(task)
+            stats[name] = counts
+            ordered = sorted(counts)
+            result.add_row(
+                name,
+                f"{statistics.median(counts):.1f}",
+                f"{statistics.mean(counts):.2f}",
+                str(ordered[int(0.9 * (len(ordered) - 1))]),
+                str(max(counts)) if max(counts) <= budget else f"> {budget}",
+                f"{sum(c == 1 for c in counts) / len(counts):.0%}",
+                f"{sum(c > budget for c in counts) / len(counts):.0%}",
+            )
+    Console().print(result)
+    tune, plain = stats["grpo-tune (planner prior)"], stats["plain Optuna (same TPE)"]
+    ok = statistics.median(tune) <= TARGET_TRIALS and statistics.mean(tune) < statistics.mean(plain)
+    print(
+        f"{'PASS' if ok else 'FAIL'}: grpo-tune median {statistics.median(tune):.1f} trials "
+        f"(target <= {TARGET_TRIALS}), "
+        f"mean {statistics.mean(tune):.2f} vs plain Optuna {statistics.mean(plain):.2f}"
+    )
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", help="replay a grid measured earlier (JSON written by --save)")
     parser.add_argument("--save", help="write the measured grid here (JSON)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=100, help="replays per strategy")
+    parser.add_argument("--budget", type=int, default=30, help="most trials one replayed sweep may run")
     args = parser.parse_args(argv)
     console = Console(stderr=True)
     if args.table:
@@ -107,9 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         table = measure_grid(args.repeats, args.steps, console)
         if args.save:
             atomic_write_text(args.save, json.dumps(table, indent=1) + "\n")
-    best = max(statistics.median(r["tokens_per_s"]) for r in table["points"] if r["tokens_per_s"])
-    print(f"grid best median {best:.0f} tokens/s over {len(table['points'])} points")
-    return 0
+    return 0 if summarise(table, args.seeds, args.budget, console) else 1
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 Every real trial is a plan the planner evaluated (`evaluate`), so each trial carries its prediction
 beside its measurement. The planner's knowledge enters the sweep in three places:
 
-- **seeds**: the input plan first, then the best predicted points of the space are enqueued, so the
-  sweep starts where the analytic model says the optimum is and never does worse than the plan;
+- **seeds**: the input plan first, then the best predicted points of the space (one per distinct
+  prediction) are enqueued, so the sweep starts where the analytic model says the optimum is and
+  never does worse than the plan;
 - **pruning**: a candidate whose predicted memory is far over the limit (`PRUNE_FACTOR`) is
   recorded as pruned without running. The prediction is first scaled by the sweep's own measured /
   predicted peak ratio (`memory_ratio`), so a planner that over- or under-counts on this machine
@@ -161,16 +162,31 @@ def _sample(space: TuneSpace, seed: int) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
+def prediction_signature(plan: Plan) -> tuple[Any, ...]:
+    """What the planner can tell apart: the verdict, phase times, phase totals and host RAM."""
+    times = tuple(sorted(plan.phase_times_s.items()))
+    memory = tuple(sorted((k, v.total_bytes) for k, v in plan.phases.items()))
+    return plan.fits, times, memory, plan.host.total_bytes
+
+
 def seed_points(space: TuneSpace, ranked: list[Candidate], k: int = SEED_PLANS) -> list[dict[str, Any]]:
-    """The input plan's point, then the best ranked distinct points, `k` in all."""
+    """The input plan's point, then the best ranked points with distinct predictions, `k` in all.
+
+    Points the planner predicts identically (e.g. micro-batch 32 and a token budget of exactly 32
+    sequences) would spend two seeds on what it considers one candidate: only the first is taken."""
     out: list[dict[str, Any]] = []
-    keys: set[tuple[tuple[str, Any], ...]] = set()
+    seen_points: set[tuple[tuple[str, Any], ...]] = set()
+    seen_predictions: set[tuple[Any, ...]] = set()
     base = params_of(space, space.base)
-    for params in ([base] if base is not None else []) + [c.params for c in ranked]:
+    by_point = {point_key(c.params): c for c in ranked}
+    firsts = [by_point[point_key(base)]] if base is not None and point_key(base) in by_point else []
+    for cand in firsts + list(ranked):
         if len(out) >= k:
             break
-        key = point_key(params)
-        if key not in keys:
-            keys.add(key)
-            out.append(params)
+        key, signature = point_key(cand.params), prediction_signature(cand.plan)
+        if key in seen_points or signature in seen_predictions:
+            continue
+        seen_points.add(key)
+        seen_predictions.add(signature)
+        out.append(cand.params)
     return out

@@ -222,9 +222,9 @@ def test_real_crashes_of_a_bad_config_stop_the_sweep(tmp_path):
     not CAP_SUPPORTED, reason="grpo-run has no memory_cap_bytes setting yet (the engine's failure interface)"
 )
 def test_real_memory_cap_forces_a_recorded_oom(tmp_path):
-    # examples/tiny measures ~7.4 MB of peak tensors at its plan's micro-batch 16 and ~11.6 MB at 32
-    # sequences per micro-batch (the planner's two best predicted points after it): a 10 MB cap lets the
-    # plan run and stops the larger ones, which the planner's corrected prediction does not prune
+    # examples/tiny measures ~7.4 MB of peak tensors at its plan's micro-batch 16 and ~11.6 MB at
+    # micro-batch 32 (the planner's best predicted point, the second trial): a 10 MB cap lets the plan run
+    # and stops micro-batch 32, which the prediction scaled by the first trial's measurement does not prune
     config = tmp_path / "run.toml"
     config.write_text((REPO / TINY_CONFIG).read_text() + "\nmemory_cap_bytes = 10000000\n")
     out = tmp_path / "out"
@@ -233,6 +233,7 @@ def test_real_memory_cap_forces_a_recorded_oom(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     frame = pd.read_csv(out / "trials.csv")
     assert frame.loc[0, "status"] == "ok"
+    assert frame.loc[1, "knob.update_batch"] == "micro:32" and frame.loc[1, "status"] == "oom"
     oom = frame[frame["status"] == "oom"]
     assert len(oom) >= 1 and set(oom["failure_kind"]) == {"oom"} and oom["failure_message"].str.len().gt(0).all()
     assert set(frame["memory_cap_bytes"]) == {10_000_000}

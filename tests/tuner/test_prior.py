@@ -12,6 +12,7 @@ from grpo_pilot.tuner.prior import (
     memory_ratio,
     peak_tensor_bytes,
     plan_inputs,
+    prediction_signature,
     prune_reason,
     rank,
     seed_points,
@@ -89,12 +90,26 @@ def test_rank_puts_what_does_not_fit_last():
     assert ranked[: len(fitting)] == fitting and 0 < len(fitting) < len(ranked)
 
 
-def test_seed_points_start_with_the_input_plan():
+def test_seed_points_start_with_the_input_plan_and_differ_in_prediction():
     plan = tiny_plan()
-    space = build_space(plan).restrict(["update_batch", "gradient_checkpointing", "fused_logprob"])
+    space = build_space(plan)
     ranked = rank(space, plan_inputs(plan), memory_limit(plan))
     seeds = seed_points(space, ranked, 3)
     assert seeds[0] == params_of(space, plan.knobs)
-    assert seeds[1:] == [ranked[0].params, ranked[1].params]
-    assert len({tuple(sorted(s.items())) for s in seeds}) == 3
+    assert (
+        seeds[1]
+        == ranked[0].params
+        == {"update_batch": "micro:32", "gradient_checkpointing": False, "fused_logprob": True}
+    )
+    # tokens:1536 (ranked second) holds exactly the 32 sequences micro:32 does: the planner predicts both
+    # identically, so the third seed is the best ranked point it tells apart from the first two
+    assert ranked[1].params["update_batch"] == "tokens:1536"
+    assert prediction_signature(ranked[1].plan) == prediction_signature(ranked[0].plan)
+    by_point = {tuple(sorted(c.params.items())): c.plan for c in ranked}
+    signatures = [prediction_signature(by_point[tuple(sorted(p.items()))]) for p in seeds]
+    assert len(set(signatures)) == 3
+    third = next(c for c in ranked if prediction_signature(c.plan) not in signatures[:2])
+    assert (
+        seeds[2] == third.params == {"update_batch": "micro:8", "gradient_checkpointing": False, "fused_logprob": True}
+    )
     assert seed_points(space, ranked, 0) == []

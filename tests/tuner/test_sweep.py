@@ -46,8 +46,9 @@ def test_seeds_first_then_the_sampler_until_n_counted(tmp_path, events):
     assert len(records) == 6 == st.counted(study) == len(runner.requests)
     assert [r.source for r in records[:3]] == ["input_plan", "planner", "planner"]
     assert runner.knobs[0] == tiny_plan().knobs
-    # the planner's best predicted points: checkpointing off, the most sequences per micro-batch
-    assert {r.params["update_batch"] for r in records[1:3]} == {"micro:32", "tokens:1536"}
+    # the planner's best predicted points: checkpointing off, the most sequences per micro-batch, then the
+    # next point with a different prediction (tokens:1536 is predicted exactly like micro:32)
+    assert [r.params["update_batch"] for r in records[1:3]] == ["micro:32", "micro:8"]
     assert all(r.source == "sampler" or r.source.endswith("fallback") for r in records[3:])
     assert len({tuple(sorted(r.params.items())) for r in records}) == 6  # no point measured twice
     for r, t in zip(records, [t for t in study.trials if st.status_of(t) == "ok"]):
@@ -64,7 +65,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, events):
     def outcome(k: Knobs):
         if k.micro_batch_size_per_gpu == 32 and k.max_token_len_per_gpu is None:
             return failed("oom", "live tensors over the cap", phase="update", step=2)
-        if k.max_token_len_per_gpu == 1536:
+        if k.micro_batch_size_per_gpu == 8 and k.max_token_len_per_gpu is None:
             return failed("timeout", "no result after 5 s")
         if k.max_token_len_per_gpu is not None and not k.fused_logprob:
             return failed("crash", f"bad budget {k.max_token_len_per_gpu}")
@@ -72,8 +73,8 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, events):
 
     study, sw = sweep(tmp_path, FakeRunner(outcome), events, trials=8)
     records = sw.run()
-    by_status = {r.status for r in records}
-    assert {"ok", "oom", "timeout"} <= by_status and len(records) == 8
+    assert [r.status for r in records[:3]] == ["ok", "oom", "timeout"]  # input plan, micro:32, micro:8
+    assert len(records) == 8 and any(r.status == "ok" for r in records[3:])
     oom = next(r for r in records if r.status == "oom")
     assert (oom.failure_kind, oom.failure_phase, oom.failure_step) == ("oom", "update", 2)
     assert oom.measured_tokens_per_s is None and oom.predicted_peak_tensor_bytes > 0
