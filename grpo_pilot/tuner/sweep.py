@@ -33,6 +33,7 @@ from grpo_pilot.tuner import study as st
 from grpo_pilot.tuner.prior import (
     Candidate,
     MemoryLimit,
+    memory_limit,
     memory_ratio,
     plan_inputs,
     prune_reason,
@@ -104,15 +105,11 @@ class Sweep:
         self.runner, self.events = runner, events
         self.space = setup.space
         self.inputs: PlanInputs = plan_inputs(plan)
-        self.limit = MemoryLimit(
-            usable_gpu_bytes=plan.usable_gpu_bytes,
-            host_ram_bytes=plan.host_ram_bytes_per_node,
-            tensor_cap_bytes=settings.memory_cap_bytes,
-        )
+        self.limit = memory_limit(plan, settings.memory_cap_bytes)
+        self.base_params = params_of(self.space, self.space.base)
         self.distributions = st.distributions(self.space)
         self.versions = software_versions()
         self.rng = random.Random(settings.fallback_seed)
-        self.runs = 0  # real runs this process started
         self._gpu_kinds: dict[str | None, str] = {}
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -141,9 +138,8 @@ class Sweep:
         return st.records(self.study)
 
     def _enqueue_seeds(self) -> None:
-        base = params_of(self.space, self.space.base)
         for params in seed_points(self.space, list(self.setup.ranked), self.settings.seed_plans):
-            source: Source = "input_plan" if params == base else "planner"
+            source: Source = "input_plan" if params == self.base_params else "planner"
             self.study.enqueue_trial(params, user_attrs={"source": source}, skip_if_exists=True)
 
     def _enqueue_unseen(self) -> bool:
@@ -179,9 +175,9 @@ class Sweep:
                 if r.status == "ok" and r.measured_peak_bytes is not None
             ]
         )
-        # the input plan always runs: it is the baseline, and its measurement tells the pruning how far
-        # off the planner is on this machine before anything is skipped
-        prunable = self.settings.use_prior and source != "input_plan"
+        # the input plan always runs (also when retried): it is the baseline, and its measurement tells the
+        # pruning how far off the planner is on this machine before anything is skipped
+        prunable = self.settings.use_prior and params != self.base_params
         reason = prune_reason(plan, self.limit, ratio) if prunable else None
         self.events.trial_started(trial.number, params, source)
         if reason is not None:
@@ -212,7 +208,6 @@ class Sweep:
             timeout_s=self.settings.trial_timeout_s,
             settings=settings,
         )
-        self.runs += 1
         outcome = self.runner.run(request)
         drop_checkpoints(request.out_dir)
         return self._record(number, source, params, plan, outcome, trial_dir=str(trial_dir))
