@@ -119,7 +119,12 @@ def main(
     )
     if not quiet:
         dims = ", ".join(f"{k} ({len(v)})" for k, v in setup.space.choices.items())
-        console.print(f"study '{study}' in {url}; space: {dims} = {setup.space.size} points", highlight=False)
+        console.print(
+            f"study '{study}' in {url}; space: {dims} = {setup.space.size} points",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     failure: BaseException | None = None
     try:
@@ -134,7 +139,7 @@ def main(
     if failure is not None:
         raise failure
     for note in outputs.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     if outputs.best_trial is None:
         raise RunError(
             f"No trial of study '{study}' produced a measurement ({len(done)} trial(s): see {outputs.trials_csv}).",

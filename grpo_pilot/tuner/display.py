@@ -105,7 +105,7 @@ class SweepDisplay:
         self.progress.update(self.task, completed=min(done, total), total=total)
         if not self.live_view and not self.quiet:
             left = max(0, total - done)
-            self.console.print(f"grpo-tune: {done} trial(s) in the study, {left} to run (of {total})")
+            self.console.print(f"grpo-tune: {done} trial(s) in the study, {left} to run (of {total})", markup=False)
         self._refresh()
 
     def trial_started(self, number: int, params: dict[str, Any], source: str) -> None:
@@ -127,10 +127,11 @@ class SweepDisplay:
                 f"peak {size(record.measured_peak_bytes)} (plan {size(record.predicted_peak_tensor_bytes)}) — "
                 f"{outcome_text(record)}",
                 highlight=False,
+                markup=False,
                 soft_wrap=True,
             )
         self._refresh()
 
     def note(self, text: str) -> None:
         if not self.quiet:
-            self.console.print(f"note: {text}", highlight=False)
+            self.console.print(f"note: {text}", highlight=False, markup=False, soft_wrap=True)

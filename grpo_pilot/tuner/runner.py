@@ -4,13 +4,15 @@ The engine writes, in TRIALDIR: `profile.json` (per-phase medians of every step 
 the plan's prediction), `metrics.jsonl` (one record per step) and, when it fails (exit status 1),
 `failure.json`: `{"kind": "oom" | "worker_died" | "crash", "worker", "phase", "step", "message"}`.
 A trial that outlives its timeout is stopped by signalling its whole process group (the engine's
-workers too): SIGTERM, then SIGKILL after `KILL_GRACE_S`. Every way a trial can end becomes a
+workers too): SIGTERM, then SIGKILL after `KILL_GRACE_S`; a tuner killed outright takes its trial
+with it (Linux parent-death signal). Every way a trial can end becomes a
 `TrialOutcome`; nothing here raises for a failed run. The engine's console output goes to
 TRIALDIR/grpo-run.log.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -32,6 +34,7 @@ MEASURED_PHASES: tuple[str, ...] = ("weight_sync", "rollout", "reward", "log_pro
 KILL_GRACE_S = 10.0  # SIGTERM → SIGKILL: time for the engine to shut its workers down
 LOG_TAIL_CHARS = 600  # of grpo-run's output quoted in a crash without failure.json
 LOG_NAME = "grpo-run.log"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class TrialRequest(Frozen):
@@ -104,6 +107,14 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGKILL it when the tuner dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return  # not Linux: a trial outlives a killed tuner by at most its own run
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the trial's process group, SIGKILL it after the grace period."""
     for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
@@ -143,6 +154,7 @@ class SubprocessRunner:
                 stdin=subprocess.DEVNULL,
                 env=_child_env(),
                 start_new_session=True,  # its own process group: a timeout kills the engine's workers too
+                preexec_fn=_die_with_parent,
             )
             try:
                 returncode: int | None = proc.wait(timeout=request.timeout_s)

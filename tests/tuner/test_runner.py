@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 from grpo_pilot.tuner.runner import SubprocessRunner, TrialRequest, read_outcome
 
@@ -94,6 +97,7 @@ FAKE_ENGINE = textwrap.dedent(
     if mode == "hang":  # a worker in the same process group, then hang
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         open(os.path.join(out, "child.pid"), "w").write(str(child.pid))
+        open(os.path.join(out, "engine.pid"), "w").write(str(os.getpid()))
         time.sleep(120)
     elif mode == "oom":
         json.dump({"kind": "oom", "worker": None, "phase": "update", "step": 1, "message": "over cap"},
@@ -149,3 +153,38 @@ def test_failure_through_the_subprocess_and_the_argv(tmp_path, monkeypatch):
         "--set", "memory_cap_bytes=8000000", "--set", "cpu_memory=tensors",
     ]  # fmt: skip
     assert "engine: out of memory" in (tmp_path / "trial" / "grpo-run.log").read_text()
+
+
+def _wait_dead(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def test_a_killed_tuner_takes_its_trial_with_it(tmp_path, monkeypatch):
+    script = tmp_path / "fake_engine.py"
+    script.write_text(FAKE_ENGINE)
+    tuner = tmp_path / "tuner.py"
+    tuner.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            from grpo_pilot.tuner.runner import SubprocessRunner, TrialRequest
+            runner = SubprocessRunner([sys.executable, {str(script)!r}])
+            runner.run(TrialRequest(plan_path="p", config_path="c", out_dir={str(tmp_path / "trial")!r}, steps=3,
+                                    timeout_s=120))
+            """
+        )
+    )
+    env = {**os.environ, "FAKE_MODE": "hang", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    parent = subprocess.Popen([sys.executable, str(tuner)], env=env)
+    pid_file = tmp_path / "trial" / "child.pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    engine, worker = int((tmp_path / "trial" / "engine.pid").read_text()), int(pid_file.read_text())
+    parent.kill()  # SIGKILL: no handler runs in the tuner
+    parent.wait()
+    assert _wait_dead(engine)  # the trial's process dies with the tuner
+    os.kill(worker, signal.SIGKILL)  # its own workers are the engine's to stop; clean up here
