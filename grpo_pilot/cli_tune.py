@@ -62,7 +62,7 @@ def _summary(records: list[Any], console: Console) -> None:
     ok = sorted((r for r in records if r.status == "ok"), key=lambda r: -(r.measured_tokens_per_s or 0))
     table = Table(title=f"best measured trials ({', '.join(f'{n} {s}' for s, n in sorted(by_status.items()))})")
     for col in ("trial", "knobs", "tokens/s", "plan tok/s", "peak", "plan peak"):
-        table.add_column(col, justify="left" if col == "knobs" else "right")
+        table.add_column(col, justify="left" if col == "knobs" else "right", overflow="fold")
     for r in ok[:TOP_ROWS]:
         table.add_row(
             str(r.number),

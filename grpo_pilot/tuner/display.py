@@ -28,7 +28,13 @@ def rate(x: float | None) -> str:
 
 
 def knobs_text(params: dict[str, Any]) -> str:
-    short = {"gradient_checkpointing": "ckpt", "fused_logprob": "fused", "gpu_memory_utilization": "util"}
+    short = {
+        "update_batch": "batch",
+        "gradient_checkpointing": "ckpt",
+        "fused_logprob": "fused",
+        "gpu_memory_utilization": "util",
+        "log_prob_max_token_len_per_gpu": "logprob_tokens",
+    }
     parts = []
     for k, v in params.items():
         name = short.get(k, k.replace("_per_gpu", "").replace("_max_token_len", ""))

@@ -104,6 +104,7 @@ def _versus(ax: Any, series: dict[str, tuple[str, list[tuple[float, float]]]], t
             ax.scatter([p for p, _ in pairs], [m for _, m in pairs], color=color, label=label, alpha=0.8, zorder=3)
     _diagonal(ax, values)
     ax.set(xscale="log", yscale="log", xlabel=f"predicted ({unit})", ylabel=f"measured ({unit})")
+    ax.minorticks_off()  # minor labels (2x10^0, 3x10^0, ...) collide on short log ranges
     ax.legend(fontsize=8)
 
 
