@@ -15,8 +15,9 @@
      space, once with grpo-tune's TPE settings and once with Optuna's default `TPESampler`.
    Counted: real runs until a point whose median is within 5 % of the grid's best has been run.
 
-Run: .venv/bin/python benchmarks/tune_efficiency.py [--save grid.json]   (~25 min: the grid)
-     .venv/bin/python benchmarks/tune_efficiency.py --table grid.json      (~1 min: replay only)
+Run: .venv/bin/python benchmarks/tune_efficiency.py [--save grid.json]   (~35 min here: 144 real runs)
+     .venv/bin/python benchmarks/tune_efficiency.py --table benchmarks/tune_efficiency_grid.json
+       (~3 min: replays the grid measured for benchmarks/README.md)
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ def summarise(table: dict[str, Any], seeds: int, budget: int, console: Console) 
         grid_table.add_row(
             knobs_text(dict(key)), f"{value:,.0f}", " ".join(f"{x:,.0f}" for x in runs), "yes" if key in good else ""
         )
-    Console().print(grid_table)
+    Console(width=120).print(grid_table)
     print(
         f"target: >= {(1 - TOLERANCE) * best:,.0f} tokens/s (95% of the best median {best:,.0f}); "
         f"{len(good)} of {len(medians)} points qualify"
@@ -225,7 +226,7 @@ def summarise(table: dict[str, Any], seeds: int, budget: int, console: Console) 
                 f"{sum(c == 1 for c in counts) / len(counts):.0%}",
                 f"{sum(c > budget for c in counts) / len(counts):.0%}",
             )
-    Console().print(result)
+    Console(width=120).print(result)
     tune = stats[STRATEGIES[0][0]]
     plain = min(statistics.mean(stats[name]) for name, _, _ in STRATEGIES[1:])
     ok = statistics.median(tune) <= TARGET_TRIALS and statistics.mean(tune) < plain
