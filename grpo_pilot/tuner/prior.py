@@ -26,6 +26,7 @@ from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.evaluate import PlanInputs, evaluate
 from grpo_pilot.planner.plan import Plan
+from grpo_pilot.planner.reports import OVERHEAD_PREFIX
 from grpo_pilot.tuner.space import TuneSpace, grid, knobs_at, params_of, point_key
 
 # "Far over memory": more than 1.5x the limit after the sweep's own correction. The analytic model
@@ -35,8 +36,8 @@ PRUNE_FACTOR = 1.5
 # Candidates the planner ranks exhaustively; larger spaces are ranked on a seeded sample this size
 # (each evaluation is ~0.3 ms, so ranking stays near a second).
 MAX_RANKED = 4096
+CLIMB_STARTS = 3  # coordinate ascents from the best sampled points of a large space
 SEED_PLANS = 3  # enqueued before the sampler: the input plan plus the best predicted points
-OVERHEAD_PREFIX = "overhead_"  # plan.json contract: items named overhead_* are non-tensor overheads
 
 
 class MemoryLimit(Frozen):
@@ -129,19 +130,42 @@ class Candidate(Frozen):
 
 def rank(space: TuneSpace, inputs: PlanInputs, limit: MemoryLimit, *, seed: int = 0) -> list[Candidate]:
     """Points of the space, best predicted first (fits, throughput, sequences per micro-batch, nearness
-    to the input plan); exhaustive up to `MAX_RANKED` points, else a seeded sample plus the input plan."""
-    points = list(grid(space)) if space.size <= MAX_RANKED else _sample(space, seed)
+    to the input plan). Exhaustive up to `MAX_RANKED` points; a larger space is ranked on a seeded
+    sample plus the input plan, then improved by coordinate ascent from the best sampled points (one
+    dimension changed at a time, while the ranking key improves), so its top is not left to chance."""
     base = params_of(space, space.base) or {}
     seq = inputs.workload.seq_len_tokens
-    scored = []
-    for params in points:
-        plan = evaluate(inputs, knobs_at(space, params))
-        fits = plan.fits and _under_cap(plan, limit)
-        distance = sum(1 for k, v in params.items() if base.get(k) != v)
-        key = (not fits, -plan.tokens_per_s, -seqs_per_micro_batch(plan.knobs, seq), distance)
-        scored.append((key, Candidate(params=params, plan=plan)))
-    scored.sort(key=lambda s: s[0])
-    return [c for _, c in scored]
+    scored: dict[tuple[tuple[str, Any], ...], tuple[tuple[Any, ...], Candidate]] = {}
+
+    def score(params: dict[str, Any]) -> tuple[Any, ...]:
+        key = point_key(params)
+        if key not in scored:
+            plan = evaluate(inputs, knobs_at(space, params))
+            fits = plan.fits and _under_cap(plan, limit)
+            distance = sum(1 for k, v in params.items() if base.get(k) != v)
+            order = (not fits, -plan.tokens_per_s, -seqs_per_micro_batch(plan.knobs, seq), distance)
+            scored[key] = (order, Candidate(params=params, plan=plan))
+        return scored[key][0]
+
+    exhaustive = space.size <= MAX_RANKED
+    for params in grid(space) if exhaustive else _sample(space, seed):
+        score(params)
+    if not exhaustive:
+        starts = sorted(scored.values(), key=lambda s: s[0])[:CLIMB_STARTS]
+        for _, start in starts:
+            _climb(space, dict(start.params), score)
+    return [c for _, c in sorted(scored.values(), key=lambda s: s[0])]
+
+
+def _climb(space: TuneSpace, point: dict[str, Any], score: Any) -> None:
+    """Coordinate ascent: take the best single-dimension change until none improves the ranking key."""
+    current = score(point)
+    while True:
+        moves = [{**point, name: v} for name, options in space.choices.items() for v in options if v != point[name]]
+        best = min(moves, key=score, default=None)
+        if best is None or score(best) >= current:
+            return
+        point, current = best, score(best)
 
 
 def _under_cap(plan: Plan, limit: MemoryLimit) -> bool:
