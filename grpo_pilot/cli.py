@@ -1,6 +1,6 @@
 """Console entry points `grpo-plan`, `grpo-run`, `grpo-tune`, and the one error handler.
 
-The commands themselves live in `cli_plan.py` and `cli_run.py`; this module only turns our
+The commands themselves live in `cli_plan.py`, `cli_run.py` and `cli_tune.py`; this module only turns our
 exceptions into one short paragraph on stderr and an exit status (2 bad input, 3 does not fit,
 1 run failure) — never a traceback for a user mistake.
 """
@@ -54,10 +54,6 @@ def run_entry() -> None:
 
 
 def tune_entry() -> None:
-    """`grpo-tune` arrives with the tuning issue; until then say so plainly instead of pretending."""
-    print(
-        "grpo-tune: profiling sweeps are not part of this release yet. Use `grpo-plan` to choose knobs "
-        "and `grpo-run plan.json` to measure one plan.",
-        file=sys.stderr,
-    )
-    raise SystemExit(2)
+    from grpo_pilot.cli_tune import app
+
+    app()

@@ -1,0 +1,153 @@
+"""`grpo-tune plan.json --config run.toml --trials N`: measure candidate plans with short real runs.
+
+Flow: read the plan and the run config (validated as `grpo-run` would) → build the knob space around
+the plan and let the planner rank it → open (or continue) the Optuna study in the storage → run
+trials until the study holds N counted trials (`tuner.sweep`) → write DIR/plan.json (best measured),
+DIR/trials.csv and DIR/report.png, and print the best trials. Ctrl-C or SIGTERM stops after marking
+the running trial interrupted (its point runs again next time) and still writes the outputs.
+Exit status: 0 with at least one measured trial; 1 when no trial could be measured; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from grpo_pilot.cli import handle_errors
+from grpo_pilot.errors import InputError, RunError
+
+app = typer.Typer(
+    add_completion=False,
+    help="Tune a plan with short real runs: an Optuna study seeded and pruned by the planner, resumable.",
+)
+TOP_ROWS = 5
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _require_engine() -> None:
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise InputError(
+            f"grpo-tune runs every trial with the engine, which needs {' and '.join(missing)}.",
+            "Install torch first, then pip install 'grpo-pilot[engine,plot]'.",
+        )
+
+
+def _memory_cap(config: Path) -> int | None:
+    """Validate the run config as grpo-run will; its memory_cap_bytes (if the engine has the setting)."""
+    from grpo_pilot.engine.run_config import build_run_config, read_config_file
+
+    values = read_config_file(config)
+    cfg = build_run_config(values, {"steps": 3, "resume": False}, source=f"run config ({config})")
+    cap = getattr(cfg, "memory_cap_bytes", None)
+    return int(cap) if cap else None
+
+
+def _summary(records: list[Any], console: Console) -> None:
+    from grpo_pilot.tuner.display import knobs_text, rate, size
+
+    by_status: dict[str, int] = {}
+    for r in records:
+        by_status[r.status] = by_status.get(r.status, 0) + 1
+    ok = sorted((r for r in records if r.status == "ok"), key=lambda r: -(r.measured_tokens_per_s or 0))
+    table = Table(title=f"best measured trials ({', '.join(f'{n} {s}' for s, n in sorted(by_status.items()))})")
+    for col in ("trial", "knobs", "tokens/s", "plan tok/s", "peak", "plan peak"):
+        table.add_column(col, justify="left" if col == "knobs" else "right", overflow="fold")
+    for r in ok[:TOP_ROWS]:
+        table.add_row(
+            str(r.number),
+            knobs_text(r.params),
+            rate(r.measured_tokens_per_s),
+            rate(r.predicted_tokens_per_s),
+            size(r.measured_peak_bytes),
+            size(r.predicted_peak_tensor_bytes),
+        )
+    console.print(table)
+
+
+@app.command()
+@handle_errors
+def main(
+    plan: Path = typer.Argument(..., help="plan.json from grpo-plan: the model, cluster, workload and starting knobs."),
+    config: Path = typer.Option(..., "--config", "-c", help="Run config every trial uses (as for grpo-run)."),
+    trials: int = typer.Option(..., "--trials", min=1, help="Trials the study should hold (a rerun continues to N)."),
+    storage: Optional[str] = typer.Option(
+        None, help="Optuna storage URL (any SQLAlchemy URL); default sqlite:///OUT/study.db."
+    ),
+    study: str = typer.Option("grpo-tune", "--study", help="Study name in the storage."),
+    out: Path = typer.Option(Path("runs/tune"), "--out", "-o", help="Output directory (plan.json, trials.csv, ...)."),
+    steps_per_trial: int = typer.Option(3, min=3, help="GRPO steps per trial; the first is warm-up."),
+    trial_timeout: float = typer.Option(900.0, min=1.0, help="Seconds before a trial is killed (start-up included)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no summary table."),
+) -> None:
+    """Run short real trials of candidate knobs for PLAN and write the best measured plan."""
+    from grpo_pilot.planner.plan import load_plan
+    from grpo_pilot.tuner.display import SweepDisplay
+    from grpo_pilot.tuner.prior import memory_limit
+    from grpo_pilot.tuner.report import write_outputs
+    from grpo_pilot.tuner.runner import SubprocessRunner
+    from grpo_pilot.tuner.space import build_space
+    from grpo_pilot.tuner.study import check_identity, default_storage, open_study, records
+    from grpo_pilot.tuner.sweep import Sweep, SweepSettings, prepare
+
+    base = load_plan(plan)
+    _require_engine()
+    cap = _memory_cap(config)
+    console = Console(stderr=True)
+    url = storage or default_storage(out)
+    the_study = open_study(url, study)
+    space = build_space(base)
+    setup = prepare(base, space, memory_limit(base, cap), use_prior=True)
+    check_identity(the_study, base, setup.space)
+    settings = SweepSettings(
+        trials=trials,
+        steps_per_trial=steps_per_trial,
+        trial_timeout_s=trial_timeout,
+        out_dir=str(out),
+        config_path=str(config.resolve()),
+        memory_cap_bytes=cap,
+    )
+    if not quiet:
+        dims = ", ".join(f"{k} ({len(v)})" for k, v in setup.space.choices.items())
+        console.print(
+            f"study '{study}' in {url}; space: {dims} = {setup.space.size} points",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    failure: BaseException | None = None
+    try:
+        with SweepDisplay(console, quiet=quiet) as display:
+            Sweep(the_study, base, setup, settings, SubprocessRunner(), display).run()
+    except (KeyboardInterrupt, RunError) as exc:
+        failure = exc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    done = records(the_study)
+    outputs = write_outputs(out, base, done)
+    if failure is not None:
+        raise failure
+    for note in outputs.notes:
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    if outputs.best_trial is None:
+        raise RunError(
+            f"No trial of study '{study}' produced a measurement ({len(done)} trial(s): see {outputs.trials_csv}).",
+            "Read the failure reasons there and in OUT/trials/*/run/grpo-run.log, fix the setup, and run again.",
+        )
+    if not quiet:
+        _summary(done, Console(file=sys.stdout))
+        print(
+            f"best: trial {outputs.best_trial}. Outputs: {outputs.plan_path}, {outputs.trials_csv}, "
+            f"{outputs.report_png or '(no report.png)'}"
+        )

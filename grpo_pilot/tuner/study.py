@@ -1,0 +1,188 @@
+"""The Optuna study of a sweep: storage, identity, trial bookkeeping, recovery of interrupted trials.
+
+Storage is any SQLAlchemy URL Optuna's `RDBStorage` accepts (SQLite file by default, PostgreSQL or
+MySQL for several machines sharing one study); optuna-dashboard opens the same URL. The study is
+loaded if it exists, so running the sweep again continues it.
+
+Trial bookkeeping lives in user attributes (visible in the dashboard):
+- `status`: `ok`, `oom`, `worker_died`, `crash`, `timeout`, `pruned` (counted trials: N of
+  `--trials N`), `duplicate` (the sampler proposed a point already tried: not run, not counted),
+  `interrupted` (the sweep was stopped during it: not counted, its point is queued again);
+- `record`: the `TrialRecord` (JSON) of counted trials;
+- `source`: who proposed the point (set when it is enqueued);
+- `lease_host`, `lease_pid`, `lease_deadline_unix`: who runs a RUNNING trial and until when.
+
+Optuna's heartbeat only runs inside `Study.optimize`; this ask/tell loop keeps its own lease instead.
+A RUNNING trial is stale when its process is gone from this host or its deadline (start + trial
+timeout + grace) has passed; a stale trial is failed (no `status`: it counts as interrupted) and its
+point queued again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from grpo_pilot.errors import InputError
+from grpo_pilot.planner.plan import Plan
+from grpo_pilot.tuner.records import RECORD_ATTR, TrialRecord
+from grpo_pilot.tuner.space import TuneSpace, point_key
+
+DEFAULT_STUDY = "grpo-tune"
+STORAGE_FILE = "study.db"
+COUNTED = frozenset({"ok", "oom", "worker_died", "crash", "timeout", "pruned"})
+LEASE_GRACE_S = 120.0  # beyond the trial timeout: kill grace, result reading, storage writes
+UNLEASED_STALE_S = 60.0  # a RUNNING trial that never got its lease (killed right after ask)
+# TPE: multivariate (the knobs interact: batch × checkpointing × utilisation); random start-up
+# trials before it models anything. The sampler is not stored; a resumed sweep seeds it with the
+# number of trials so far, so the same storage always continues the same way.
+STARTUP_TRIALS = 5
+
+
+def default_storage(out_dir: str | Path) -> str:
+    return f"sqlite:///{(Path(out_dir) / STORAGE_FILE).resolve()}"
+
+
+def make_sampler(seed: int) -> optuna.samplers.BaseSampler:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=STARTUP_TRIALS)
+
+
+def open_study(storage: str | None, name: str) -> optuna.Study:
+    """Create or load the study (`storage` None = in memory, for replays and tests)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    backend: Any = None
+    if storage is not None:
+        if storage.startswith("sqlite:///"):
+            Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        kwargs = {"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else {}
+        try:
+            backend = optuna.storages.RDBStorage(storage, engine_kwargs=kwargs)
+        except Exception as exc:  # SQLAlchemy raises many types for a bad URL, a missing driver, a refused login
+            raise InputError(
+                f"Cannot open the study storage '{storage}' ({type(exc).__name__}: {str(exc).splitlines()[0]}).",
+                "Give --storage a SQLAlchemy URL such as sqlite:///tune.db or postgresql://user@host/db "
+                "(with its driver installed).",
+            ) from None
+    try:
+        study = optuna.create_study(storage=backend, study_name=name, load_if_exists=True, direction="maximize")
+    except ValueError as exc:
+        raise InputError(f"Study '{name}' cannot be used: {exc}.", "Choose another --study name.") from None
+    study.sampler = make_sampler(len(study.get_trials(deepcopy=False)))
+    return study
+
+
+def distributions(space: TuneSpace) -> dict[str, CategoricalDistribution]:
+    return {name: CategoricalDistribution(list(options)) for name, options in space.choices.items()}
+
+
+def identity(plan: Plan, space: TuneSpace) -> dict[str, str]:
+    """What a study was made for: the model, cluster, workload and target, and the space."""
+    fixed = {k: plan.model_dump(mode="json")[k] for k in ("model", "cluster", "workload", "target")}
+    return {
+        "inputs_sha": hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16],
+        "space": json.dumps({"choices": space.choices, "base": space.base.model_dump(mode="json")}, sort_keys=True),
+    }
+
+
+def check_identity(study: optuna.Study, plan: Plan, space: TuneSpace) -> None:
+    """Stamp a new study with its identity; refuse to continue a study made for other inputs."""
+    mine = identity(plan, space)
+    stored = {k: study.user_attrs.get(k) for k in mine}
+    if all(v is None for v in stored.values()):
+        for key, value in mine.items():
+            study.set_user_attr(key, value)
+        return
+    if stored["inputs_sha"] != mine["inputs_sha"]:
+        what = "model, cluster, workload or target"
+    elif stored["space"] != mine["space"]:
+        what = "knob space (the plan's knobs or what it can vary)"
+    else:
+        return
+    raise InputError(
+        f"Study '{study.study_name}' in this storage was made for another {what} than this plan.",
+        "Continue it with the plan it was started with, or start a new one with --study NAME.",
+    )
+
+
+def status_of(trial: FrozenTrial) -> str | None:
+    return trial.user_attrs.get("status")
+
+
+def records(study: optuna.Study) -> list[TrialRecord]:
+    """The records of counted trials, in trial order."""
+    out = []
+    for trial in study.get_trials(deepcopy=False):
+        if status_of(trial) in COUNTED and RECORD_ATTR in trial.user_attrs:
+            out.append(TrialRecord.model_validate(trial.user_attrs[RECORD_ATTR]))
+    return out
+
+
+def counted(study: optuna.Study) -> int:
+    return sum(1 for t in study.get_trials(deepcopy=False) if status_of(t) in COUNTED)
+
+
+def taken_points(study: optuna.Study, exclude: int | None = None) -> dict[tuple[tuple[str, Any], ...], int]:
+    """Points tried, queued or running (point -> trial number); interrupted and duplicate trials excluded."""
+    out: dict[tuple[tuple[str, Any], ...], int] = {}
+    for trial in study.get_trials(deepcopy=False):
+        if trial.number == exclude:
+            continue
+        status = status_of(trial)
+        live = trial.state in (TrialState.RUNNING, TrialState.WAITING)
+        if status in COUNTED or (live and status is None):
+            waiting = trial.state == TrialState.WAITING
+            params = trial.system_attrs.get("fixed_params", {}) if waiting else trial.params
+            out.setdefault(point_key(params), trial.number)
+    return out
+
+
+def lease(trial: optuna.Trial, timeout_s: float) -> None:
+    trial.set_user_attr("lease_host", socket.gethostname())
+    trial.set_user_attr("lease_pid", os.getpid())
+    trial.set_user_attr("lease_deadline_unix", time.time() + timeout_s + LEASE_GRACE_S)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_stale(trial: FrozenTrial, now: float, host: str) -> bool:
+    attrs = trial.user_attrs
+    if "lease_deadline_unix" not in attrs:
+        start = trial.datetime_start.timestamp() if trial.datetime_start else now
+        return now - start > UNLEASED_STALE_S
+    if now > float(attrs["lease_deadline_unix"]):
+        return True
+    return attrs.get("lease_host") == host and not _pid_alive(int(attrs.get("lease_pid", -1)))
+
+
+def recover_stale(study: optuna.Study) -> list[int]:
+    """Fail RUNNING trials whose sweep is gone and queue their points again; returns their numbers."""
+    now, host = time.time(), socket.gethostname()
+    recovered = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not is_stale(trial, now, host):
+            continue
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        if trial.params:
+            study.enqueue_trial(dict(trial.params), user_attrs={"source": "retry", "retry_of": trial.number})
+        recovered.append(trial.number)
+    return recovered

@@ -1,0 +1,241 @@
+"""The ask/tell loop with a test double of the runner: seeds, failures, pruning, duplicates, resume."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from tune_helpers import FakeRunner, failed, measured, tiny_plan
+
+from grpo_pilot.errors import InputError, RunError
+from grpo_pilot.planner.config import Knobs
+from grpo_pilot.tuner import study as st
+from grpo_pilot.tuner.prior import memory_limit, peak_tensor_bytes, seqs_per_micro_batch
+from grpo_pilot.tuner.space import TuneSpace, build_space, params_of
+from grpo_pilot.tuner.sweep import Sweep, SweepSettings, prepare
+
+SEQ = 48  # tiny: prompt 32 + response 16
+
+
+def rate_of(knobs: Knobs) -> float:
+    """A made-up machine: bigger micro-batches are faster, checkpointing costs 20%."""
+    return 1000.0 * seqs_per_micro_batch(knobs, SEQ) ** 0.5 * (0.8 if knobs.gradient_checkpointing else 1.0)
+
+
+def sweep(tmp_path, runner, events, *, trials, storage=None, name="s", cap=None, use_prior=True, plan=None, space=None):
+    plan = plan or tiny_plan()
+    study = st.open_study(storage, name)
+    setup = prepare(plan, space or build_space(plan), memory_limit(plan, cap), use_prior)
+    settings = SweepSettings(
+        trials=trials,
+        out_dir=str(tmp_path / "out"),
+        config_path="examples/tiny/run.toml",
+        memory_cap_bytes=cap,
+        use_prior=use_prior,
+    )
+    return study, Sweep(study, plan, setup, settings, runner, events)
+
+
+def test_seeds_first_then_the_sampler_until_n_counted(tmp_path, events):
+    runner = FakeRunner(lambda k: measured(rate_of(k)))
+    study, sw = sweep(tmp_path, runner, events, trials=6)
+    records = sw.run()
+    assert len(records) == 6 == st.counted(study) == len(runner.requests)
+    assert [r.source for r in records[:3]] == ["input_plan", "planner", "planner"]
+    assert runner.knobs[0] == tiny_plan().knobs
+    # the planner's best predicted points: checkpointing off, the most sequences per micro-batch, then the
+    # next point with a different prediction (tokens:1536 is predicted exactly like micro:32)
+    assert [r.params["update_batch"] for r in records[1:3]] == ["micro:32", "micro:8"]
+    assert all(r.source == "sampler" or r.source.endswith("fallback") for r in records[3:])
+    assert len({tuple(sorted(r.params.items())) for r in records}) == 6  # no point measured twice
+    for r, t in zip(records, [t for t in study.trials if st.status_of(t) == "ok"]):
+        assert t.value == pytest.approx(r.measured_tokens_per_s) == pytest.approx(rate_of(r.knobs))
+        assert r.predicted_tokens_per_s > 0 and r.phases["update"].predicted_items
+        assert r.status == "ok" and r.steps == 3 and r.gpu_kind == "cpu" and r.versions["torch"]
+    assert events.begun == [(0, 6)] and len(events.finished) == 6
+    # every trial ran in its own directory with its own trial plan
+    assert len({r.out_dir for r in runner.requests}) == 6
+    assert all(r.config_path == "examples/tiny/run.toml" and r.settings == {} for r in runner.requests)
+
+
+def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, events):
+    def outcome(k: Knobs):
+        if k.micro_batch_size_per_gpu == 32 and k.max_token_len_per_gpu is None:
+            return failed("oom", "live tensors over the cap", phase="update", step=2)
+        if k.micro_batch_size_per_gpu == 8 and k.max_token_len_per_gpu is None:
+            return failed("timeout", "no result after 5 s")
+        if k.max_token_len_per_gpu is not None and not k.fused_logprob:
+            return failed("crash", f"bad budget {k.max_token_len_per_gpu}")
+        return measured(rate_of(k))
+
+    study, sw = sweep(tmp_path, FakeRunner(outcome), events, trials=8)
+    records = sw.run()
+    assert [r.status for r in records[:3]] == ["ok", "oom", "timeout"]  # input plan, micro:32, micro:8
+    assert len(records) == 8 and any(r.status == "ok" for r in records[3:])
+    oom = next(r for r in records if r.status == "oom")
+    assert (oom.failure_kind, oom.failure_phase, oom.failure_step) == ("oom", "update", 2)
+    assert oom.measured_tokens_per_s is None and oom.predicted_peak_tensor_bytes > 0
+    states = {t.number: t.state for t in study.trials}
+    assert all(states[r.number] == (TrialState.COMPLETE if r.status == "ok" else TrialState.FAIL) for r in records)
+    failed_trial = study.trials[oom.number]
+    assert failed_trial.user_attrs["failure"] == "oom: live tensors over the cap"
+
+
+def test_far_over_memory_is_pruned_without_running(tmp_path, events):
+    plan = tiny_plan()
+    cap = peak_tensor_bytes(plan) // 2  # the input plan is predicted at 2x the cap, the planner's best at ~4x
+    runner = FakeRunner(
+        lambda k: failed("oom", "over the cap", phase="update") if k == plan.knobs else measured(rate_of(k), cap // 2)
+    )
+    space = TuneSpace(choices={"update_batch": ("micro:4", "micro:16", "micro:32")}, base=plan.knobs)
+    study, sw = sweep(tmp_path, runner, events, trials=3, cap=cap, space=space)
+    first, small, big = sw.run()
+    assert first.source == "input_plan" and first.status == "oom"  # the baseline always runs
+    # the planner ranks what fits the cap first: micro:4 (predicted under the cap) runs
+    assert small.source == "planner" and small.params == {"update_batch": "micro:4"} and small.status == "ok"
+    # micro:32 is predicted at 3.7x the cap; scaled by what micro:4 measured (half its prediction), still
+    # 1.9x: recorded, not run
+    assert big.params == {"update_batch": "micro:32"} and big.status == "pruned" and big.steps == 0
+    assert "1.9x over memory" in big.prune_reason and "against the cap" in big.prune_reason
+    assert "prediction x0.51" in big.prune_reason
+    assert study.trials[big.number].state == TrialState.PRUNED
+    assert big.knobs not in runner.knobs and len(runner.requests) == 2
+    records = [first, small, big]
+    assert all(r.memory_cap_bytes == cap for r in records)
+    assert all(req.settings == {"memory_cap_bytes": cap} for req in runner.requests)
+
+
+def test_pruning_follows_what_the_runs_measured(tmp_path, events):
+    plan = tiny_plan()
+    cap = peak_tensor_bytes(plan) // 2
+    # the input plan measures at a quarter of its predicted peak: candidates predicted up to 6x the cap now run
+    runner = FakeRunner(lambda k: measured(rate_of(k), peak_bytes=peak_tensor_bytes(plan) // 4))
+    space = TuneSpace(choices={"update_batch": ("micro:4", "micro:16", "micro:32")}, base=plan.knobs)
+    _, sw = sweep(tmp_path, runner, events, trials=3, cap=cap, space=space)
+    records = sw.run()
+    assert [r.status for r in records] == ["ok", "ok", "ok"]
+    assert records[2].params == {"update_batch": "micro:32"}
+    assert records[2].predicted_peak_tensor_bytes > 3 * cap  # by the raw prediction: far over
+
+
+def test_plain_optuna_has_no_seeds_and_no_pruning(tmp_path, events):
+    plan = tiny_plan()
+    runner = FakeRunner(lambda k: measured(rate_of(k)))
+    _, sw = sweep(tmp_path, runner, events, trials=3, cap=peak_tensor_bytes(plan) // 10, use_prior=False)
+    records = sw.run()
+    assert [r.source for r in records] == ["sampler"] * 3
+    assert all(r.status == "ok" for r in records) and len(runner.requests) == 3
+
+
+def test_rerun_with_the_same_storage_continues_to_n(tmp_path, events):
+    url = st.default_storage(tmp_path / "out")
+    runner = FakeRunner(lambda k: measured(rate_of(k)))
+    _, first = sweep(tmp_path, runner, events, trials=3, storage=url)
+    assert len(first.run()) == 3
+    study, second = sweep(tmp_path, runner, events, trials=5, storage=url)
+    records = second.run()
+    assert len(records) == 5 and len(runner.requests) == 5  # two more runs, not five
+    assert events.begun[-1] == (3, 5)
+    assert len({tuple(sorted(k.model_dump().items())) for k in runner.knobs}) == 5
+    _, third = sweep(tmp_path, runner, events, trials=5, storage=url)
+    assert len(third.run()) == 5 and len(runner.requests) == 5  # nothing left to do
+
+
+def test_ctrl_c_marks_the_trial_interrupted_and_queues_it_again(tmp_path, events):
+    url = st.default_storage(tmp_path / "out")
+    calls = []
+
+    def outcome(k: Knobs):
+        calls.append(k)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measured(rate_of(k))
+
+    study, sw = sweep(tmp_path, FakeRunner(outcome), events, trials=4, storage=url)
+    with pytest.raises(KeyboardInterrupt):
+        sw.run()
+    interrupted = [t for t in study.trials if st.status_of(t) == "interrupted"]
+    assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
+    assert st.counted(study) == 1
+    runner = FakeRunner(lambda k: measured(rate_of(k)))
+    study, again = sweep(tmp_path, runner, events, trials=4, storage=url)
+    records = again.run()
+    # the queue is first in, first out: the third seed (still queued when Ctrl-C came), then the retry
+    assert runner.knobs[1] == calls[1] and runner.knobs[0] not in calls
+    retry = next(r for r in records if r.source == "retry")
+    assert retry.params == interrupted[0].params and len(records) == 4
+
+
+def test_a_killed_sweeps_running_trial_is_recovered(tmp_path, events):
+    url = st.default_storage(tmp_path / "out")
+    study = st.open_study(url, "s")
+    space = build_space(tiny_plan())
+    st.check_identity(study, tiny_plan(), space)
+    trial = study.ask(st.distributions(space))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    st.lease(trial, 600)
+    trial.set_user_attr("lease_pid", dead.pid)  # the sweep that asked for it is gone
+    runner = FakeRunner(lambda k: measured(rate_of(k)))
+    study, sw = sweep(tmp_path, runner, events, trials=2, storage=url)
+    records = sw.run()
+    assert any("interrupted" in n for n in events.notes)
+    assert records[0].source == "retry" and records[0].params == trial.params
+    assert study.trials[trial.number].state == TrialState.FAIL
+
+
+def test_live_trial_of_another_process_is_left_alone(tmp_path):
+    study = st.open_study(None, "s")
+    space = build_space(tiny_plan())
+    trial = study.ask(st.distributions(space))
+    st.lease(trial, 600)  # this very process: alive, deadline in the future
+    assert st.recover_stale(study) == []
+    trial.set_user_attr("lease_deadline_unix", 0.0)  # past its deadline: stale wherever it runs
+    assert st.recover_stale(study) == [trial.number]
+
+
+def test_duplicates_are_not_counted_and_the_space_can_run_out(tmp_path, events):
+    plan = tiny_plan()
+    runner = FakeRunner(lambda k: measured(rate_of(k)))
+    study = st.open_study(None, "s")
+    space = build_space(plan).restrict(["gradient_checkpointing"])
+    settings = SweepSettings(trials=3, out_dir=str(tmp_path / "out"), config_path="c.toml", use_prior=False)
+    records = Sweep(study, plan, prepare(plan, space, memory_limit(plan), False), settings, runner, events).run()
+    assert len(records) == 2 == len(runner.requests)  # the space has two points
+    assert {r.params["gradient_checkpointing"] for r in records} == {False, True}
+    assert "every point of the space has been tried" in events.notes
+    dups = [t for t in study.trials if st.status_of(t) == "duplicate"]
+    assert dups and all(t.state == TrialState.FAIL and "duplicate_of" in t.user_attrs for t in dups)
+
+
+def test_the_same_crash_three_times_stops_the_sweep(tmp_path, events):
+    runner = FakeRunner(lambda k: failed("crash", "grpo-run exited with status 2: error: No dataset at 'x'"))
+    study, sw = sweep(tmp_path, runner, events, trials=8)
+    with pytest.raises(RunError, match="The last 3 trials crashed the same way: .*No dataset"):
+        sw.run()
+    assert st.counted(study) == 3
+
+
+def test_a_study_is_not_continued_with_another_plan(tmp_path, events):
+    url = st.default_storage(tmp_path / "out")
+    runner = FakeRunner(lambda k: measured(rate_of(k)))
+    _, sw = sweep(tmp_path, runner, events, trials=1, storage=url)
+    sw.run()
+    other = tiny_plan().model_copy(update={"workload": tiny_plan().workload.model_copy(update={"n": 8})})
+    _, sw2 = sweep(tmp_path, runner, events, trials=2, storage=url, plan=other)
+    with pytest.raises(InputError, match="made for another model, cluster, workload or target"):
+        sw2.run()
+    moved = tiny_plan().model_copy(update={"knobs": tiny_plan().knobs.model_copy(update={"fused_logprob": False})})
+    _, sw3 = sweep(tmp_path, runner, events, trials=2, storage=url, plan=moved)
+    with pytest.raises(InputError, match="knob space"):
+        sw3.run()
+    assert params_of(build_space(moved), moved.knobs) is not None
+
+
+def test_bad_storage_url_is_an_input_error():
+    with pytest.raises(InputError, match="Cannot open the study storage"):
+        st.open_study("notadb://nowhere", "s")
+    assert isinstance(st.open_study(None, "s"), optuna.Study)
