@@ -172,7 +172,8 @@ def test_real_sweep_killed_and_resumed(tmp_path):
     while time.monotonic() < deadline and first.poll() is None:
         if (out / "study.db").exists():
             study = study or st.open_study(st.default_storage(out), "e2e")
-            if st.counted(study) >= 2:
+            running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if st.counted(study) >= 2 and running:  # the kill must land inside the third trial
                 break
         time.sleep(0.5)
     assert first.poll() is None, first.stdout.read().decode()
