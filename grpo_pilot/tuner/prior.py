@@ -52,13 +52,13 @@ class MemoryLimit(Frozen):
 
 def plan_inputs(plan: Plan) -> PlanInputs:
     """The planner inputs a plan was made from (its calibration name is kept; overheads are the defaults)."""
-    headroom = 1.0 - plan.usable_gpu_bytes / plan.cluster.gpu.memory_bytes
+    headroom_bytes = plan.cluster.gpu.memory_bytes - plan.usable_gpu_bytes  # what the plan kept free
     return PlanInputs(
         model=plan.model,
         cluster=plan.cluster,
         workload=plan.workload,
         target=plan.target,
-        headroom_fraction=min(max(headroom, 0.0), 0.99),
+        headroom_bytes=max(headroom_bytes, 0),
         calibration=plan.provenance.calibration,
     )
 
