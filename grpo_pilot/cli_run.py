@@ -49,6 +49,12 @@ def main(
     set_: list[str] = typer.Option(
         [], "--set", help="Any run setting as KEY=VALUE (repeatable), e.g. --set clip_high=0.28."
     ),
+    address: Optional[str] = typer.Option(
+        None,
+        "--address",
+        help="Ray cluster to join: 'auto' (the one `ray start` made on this node) or HEAD_IP:PORT. Default: a "
+        "plan with several workers starts a local Ray cluster, a one-worker plan runs in this process.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live display and no summary table."),
 ) -> None:
     """Run GRPO for PLAN and write metrics.jsonl, checkpoints and profile.json."""
@@ -84,7 +90,7 @@ def main(
     from grpo_pilot.engine.metrics import summary_table
 
     console = Console(stderr=True)
-    result = run(the_plan, cfg, plan_path=plan, quiet=quiet, console=console)
+    result = run(the_plan, cfg, plan_path=plan, quiet=quiet, console=console, address=address)
     if quiet:
         return
     out_console = Console(file=sys.stdout)

@@ -68,13 +68,13 @@ def test_bad_reward_spec(tmp_path):
 
 
 def test_reward_needing_a_missing_field_stops_before_training(tmp_path, monkeypatch):
-    # the tiny prompt set has no "answer": exact_match cannot score it, and says so before the model is built
-    import grpo_pilot.engine.assemble as assemble
+    # the tiny prompt set has no "answer": exact_match cannot score it, and says so before any worker starts
+    from grpo_pilot.engine.workers import WorkerGroup
 
-    def no_model(*args, **kwargs):
-        raise AssertionError("the model was built before the records were checked against the reward")
+    def no_workers(*args, **kwargs):
+        raise AssertionError("the workers started before the records were checked against the reward")
 
-    monkeypatch.setattr(assemble, "build_model", no_model)
+    monkeypatch.setattr(WorkerGroup, "start", no_workers)
     result = invoke(PLAN, *GOOD, "--reward", "exact_match", "--out", str(tmp_path / "run"))
     assert_input_error(result, "answer")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -29,7 +29,17 @@ LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
 # Fields that change nothing about what a step computes: a resumed run may differ in these.
 # (share_prompts reorders the same arithmetic: equal log-probs and gradients up to float rounding.)
 NOT_HASHED: frozenset[str] = frozenset(
-    {"steps", "output_dir", "checkpoint_every", "keep_checkpoints", "resume", "cpu_memory", "threads", "share_prompts"}
+    {
+        "steps",
+        "output_dir",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "resume",
+        "cpu_memory",
+        "threads",
+        "share_prompts",
+        "memory_cap_bytes",
+    }
 )
 
 
@@ -126,6 +136,12 @@ class RunConfig(Frozen):
     cpu_memory: Literal["tensors", "rss"] = Field(
         default="tensors",
         description="CPU peak memory per phase: live tensor bytes (dispatch tracker) or process RSS only.",
+    )
+    memory_cap_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Per-worker memory cap: CUDA allocator fraction, or live tensor bytes on CPU; past it the run "
+        "fails with an out-of-memory error (failure.json kind 'oom').",
     )
 
     def hash(self, plan_json: str) -> str:

@@ -59,10 +59,24 @@ def test_run_writes_metrics_profile_and_final_checkpoint(tmp_path):
         row = profile["phases"][phase]
         assert row["predicted_wall_s"] == plan.phase_times_s[phase]
         assert row["predicted_total_bytes"] == plan.phases[phase].total_bytes
-        assert row["measured_wall_s"] is not None and row["measured_peak_bytes"] > 0
+        assert row["measured_wall_s"] is not None
+        # one on-policy update: no log-prob pass ran, so no worker measured that phase's memory
+        assert (row["measured_peak_bytes"] is None) == (phase == "log_prob")
+        assert phase == "log_prob" or row["measured_peak_bytes"] > 0
+    (rank,) = profile["ranks"]
+    assert rank["worker"] == "worker 0 (trainer+rollout)" and profile["num_workers"] == 1
+    assert rank["phases"]["update"]["measured_peak_bytes"] == profile["phases"]["update"]["measured_peak_bytes"]
+    assert "log_prob" not in rank["phases"] and "reward" in rank["phases"]
     upd = profile["phases"]["update"]
     assert upd["memory_rel_error"] == pytest.approx(upd["measured_peak_bytes"] / upd["predicted_tensor_bytes"] - 1)
-    assert (tmp_path / "run" / "checkpoints" / "step-000003" / "model.pt").exists()
+    assert (tmp_path / "run" / "checkpoints" / "step-000003" / "actor" / ".metadata").exists()
+    lengths = [json.loads(line) for line in (tmp_path / "run" / "lengths.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lengths] == [s for s in (1, 2, 3) for _ in range(32)]  # 8 prompts x 4, each step
+    for r in rows:
+        mine = [x for x in lengths if x["step"] == r["step"]]
+        assert max(x["response_tokens"] for x in mine) == r["response_len_max"]
+        assert sum(x["response_tokens"] for x in mine) / len(mine) == pytest.approx(r["response_len_mean"])
+        assert all(1 <= x["prompt_tokens"] <= plan.workload.prompt_len_tokens for x in mine)
 
 
 def test_minibatches_epochs_and_kl_use_old_and_reference_logprobs(tmp_path):
