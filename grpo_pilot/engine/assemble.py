@@ -63,11 +63,11 @@ def model_source(plan: Plan, plan_path: str | Path | None) -> str:
     requested = plan.model.requested
     for candidate in (Path(requested), Path(plan.model.resolved)):
         if candidate.exists():
-            return str(candidate)
+            return str(candidate.resolve())  # absolute: workers may run in another directory (or node)
     if plan_path is not None:
         beside = Path(plan_path).parent / requested
         if beside.exists():
-            return str(beside)
+            return str(beside.resolve())
     return plan.model.resolved
 
 
