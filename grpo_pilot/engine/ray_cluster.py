@@ -77,6 +77,7 @@ def connect(address: str | None, topology: Topology, device_kind: str) -> RayCon
     if ray.is_initialized():
         conn = RayConnection(started=False, address="(this process's Ray session)")
     elif address:
+        _probe(address)
         try:
             ray.init(address=address, **quiet)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -97,6 +98,22 @@ def connect(address: str | None, topology: Topology, device_kind: str) -> RayCon
         conn.close()
         raise
     return conn
+
+
+def _probe(address: str) -> None:
+    """A HOST:PORT nothing answers on is refused at once (Ray itself would retry for minutes)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", "ray://...": Ray resolves those itself
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise InputError(
+            f"Cannot join the Ray cluster at '{address}' (nothing answers there: {exc}).",
+            "Start it with `ray start --head` (README: multi-node), or leave --address out to start a local one.",
+        ) from None
 
 
 def _local_gpus() -> int:

@@ -166,18 +166,17 @@ class WorkerGroup:
     # -- phases --------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def phase(self, name: str, *, driver_work: bool = False) -> Iterator[None]:
-        """Time `name` on the driver; `driver_work` (reward): also profile it in the local worker's profiler."""
+        """Time `name` on the driver; `driver_work` (reward): also profile it in the local worker's profiler.
+        An exception leaves `current_phase` set: the failure record names the phase it happened in."""
         self.current_phase = name
         t0 = time.perf_counter()
-        try:
-            if driver_work and self.local:
-                with self.handles[0].profiler.phase(name):
-                    yield
-            else:
+        if driver_work and self.local:
+            with self.handles[0].profiler.phase(name):
                 yield
-        finally:
-            self.driver_walls[name] = self.driver_walls.get(name, 0.0) + time.perf_counter() - t0
-            self.current_phase = None
+        else:
+            yield
+        self.driver_walls[name] = self.driver_walls.get(name, 0.0) + time.perf_counter() - t0
+        self.current_phase = None
 
     def begin_step(self, step: int) -> None:
         self.step = step

@@ -174,3 +174,46 @@ def test_profile_notes_a_plan_that_predicts_a_different_old_logprob_pass(tmp_pat
     assert any(
         note.startswith("log_prob: this run skips the old-policy pass") and "target verl" in note for note in verl
     )
+
+
+def test_memory_cap_is_an_out_of_memory_failure_with_its_place(tmp_path):
+    from grpo_pilot.engine.failures import OutOfMemoryRunError
+
+    with pytest.raises(OutOfMemoryRunError) as info:
+        run(tiny_plan(), config(tmp_path, memory_cap_bytes=1 << 20), quiet=True)  # 1 MiB: not even the model fits
+    failure = json.loads((tmp_path / "run" / "failure.json").read_text())
+    assert failure == {
+        "kind": "oom",
+        "worker": "worker 0 (trainer+rollout)",
+        "phase": info.value.phase,
+        "step": 1,
+        "message": info.value.paragraph(),
+    }
+    assert info.value.phase in ("weight_sync", "rollout") and "memory_cap_bytes = 1048576" in info.value.message
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_metrics(tmp_path)
+
+
+def test_a_failing_reward_and_a_driver_bug_leave_failure_json(tmp_path, monkeypatch):
+    from grpo_pilot.engine import loop as loop_module
+    from grpo_pilot.engine.failures import CrashError
+    from grpo_pilot.errors import RunError
+
+    fn = tmp_path / "reward_fn.py"
+    fn.write_text("calls = []\ndef score(completion, record):\n    calls.append(1)\n    assert len(calls) <= 32, 'step 2'\n    return 0.0\n")
+    with pytest.raises(RunError, match="raised AssertionError"):
+        run(tiny_plan(), config(tmp_path, steps=3, reward=f"{fn}:score"), quiet=True)
+    failure = json.loads((tmp_path / "run" / "failure.json").read_text())
+    assert (failure["kind"], failure["worker"], failure["phase"], failure["step"]) == ("crash", None, "reward", 2)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug in the driver")
+
+    monkeypatch.setattr(loop_module, "compute_advantages", broken)
+    with pytest.raises(CrashError, match="ValueError: a bug in the driver"):
+        run(tiny_plan(), config(tmp_path / "other", steps=1), quiet=True)
+    failure = json.loads((tmp_path / "other" / "run" / "failure.json").read_text())
+    assert (failure["kind"], failure["step"]) == ("crash", 1)
+    monkeypatch.undo()
+    run(tiny_plan(), config(tmp_path / "other", steps=1, resume=True), quiet=True)  # a good start clears it
+    assert not (tmp_path / "other" / "run" / "failure.json").exists()
