@@ -72,6 +72,25 @@ def engine_env(*, on_cpu: bool, kv_cache_bytes: int | None) -> dict[str, str]:
     return env
 
 
+CPU_SHM_GLOB = "-tp:*-cpushm_*"  # vLLM-CPU's TP shared memory under external_launcher (cpu_communicator.py)
+
+
+def remove_stale_cpu_shm(root: str = "/dev/shm") -> list[str]:
+    """Unlink vLLM-CPU tensor-parallel segments left by killed workers.
+
+    Under `external_launcher` vLLM-CPU names them after its init method, which is always "env://", so
+    every run on a machine uses the same names and a leftover segment makes the next start fail
+    ("create shm in SHMManager failed. errno: 17"). Called by rank 0 before any rank starts (and at
+    close); two vLLM-TP runs on one CPU machine at the same time would share these names.
+    """
+    removed = []
+    for path in Path(root).glob(CPU_SHM_GLOB):
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
 def request_seeds(seed: int, count: int) -> list[int]:
     """Distinct, well-mixed per-request seeds (a group's n copies of one prompt must not share one)."""
     state = np.random.SeedSequence(seed).generate_state(count, dtype=np.uint64)
@@ -234,6 +253,11 @@ class VLLMRollout:
             kwargs["distributed_executor_backend"] = "external_launcher"
             # rank in that group; each worker sees one device (Ray sets CUDA_VISIBLE_DEVICES), its index 0
             os.environ.update(RANK=str(dist.get_rank()), LOCAL_RANK="0")
+        self._shm_owner = current_platform.is_cpu() and tensor_parallel_size > 1 and dist.is_initialized()
+        if self._shm_owner:
+            if dist.get_rank() == 0:
+                remove_stale_cpu_shm()
+            dist.barrier()  # no rank creates its segment before the stale ones are gone
         try:
             with _preserve_process_state():
                 self._llm: Any = LLM(**kwargs)
@@ -333,6 +357,8 @@ class VLLMRollout:
             del llm
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if getattr(self, "_shm_owner", False):
+            remove_stale_cpu_shm()  # mapped segments stay valid for peers still shutting down
 
     def __enter__(self) -> VLLMRollout:
         return self
