@@ -100,6 +100,11 @@ def main(
         )
         return
     out_console.print(summary_table(result.profile))
+    if result.profile.num_workers > 1:
+        out_console.print(
+            f"{result.profile.num_workers} workers: time = the slowest worker's, memory = the largest worker peak; "
+            f"each worker's own figures are under 'ranks' in profile.json (workers.json: their processes)."
+        )
     last = result.last_record or {}
     reward_mean = last.get("reward_mean")
     out_console.print(

@@ -95,7 +95,7 @@ def connect(address: str | None, topology: Topology, device_kind: str) -> RayCon
     try:
         check_resources(conn.resources, _gpus_per_node(ray), topology, device_kind)
     except InputError:
-        conn.close()
+        conn.close()  # shuts down only a cluster this run started
         raise
     return conn
 

@@ -134,11 +134,9 @@ class WorkerGroup:
             try:
                 results[k] = ray.get(ready[0])
             except RayActorError as exc:
-                cause = str(exc).strip().splitlines()
-                reason = next((line for line in cause if "died" in line or "exit" in line.lower()), cause[0] if cause else "")
                 self._abort()
                 raise WorkerDiedError(
-                    f"{label} died during the {self.current_phase} phase of step {self.step} ({reason.strip()}).",
+                    f"{label} died during the {self.current_phase} phase of step {self.step} ({death_cause(exc)}).",
                     "The other workers were stopped. `grpo-run ... --resume` continues from the last checkpoint.",
                     **where,
                 ) from None
@@ -269,6 +267,23 @@ class WorkerGroup:
         self.current_phase = "checkpoint"
         self._call(range(self.topology.num_workers), "load_state", *[(directory,)] * self.topology.num_workers)
         self.current_phase = None
+
+
+def death_cause(exc: BaseException) -> str:
+    """A short cause from Ray's actor-death message: pid, host and exit type, when it says them (Ray lists
+    possible reasons — a signal, the OOM killer, a lost node — but cannot tell which one it was)."""
+    import re
+
+    text = str(exc)
+    parts = []
+    pid, ip = re.search(r"\bpid: (\d+)", text), re.search(r"\bip: ([\w.:-]+)", text)
+    if pid:
+        parts.append(f"process {pid.group(1)}" + (f" on {ip.group(1)}" if ip else ""))
+    kind = re.search(r"Worker exit type: (\w+)", text)
+    if kind:
+        parts.append(f"exit type {kind.group(1)}")
+    first = text.strip().splitlines()[0].strip() if text.strip() else type(exc).__name__
+    return "; ".join(parts) if parts else first
 
 
 def _local_kind() -> str:

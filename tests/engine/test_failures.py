@@ -57,3 +57,14 @@ def test_out_of_memory_detection():
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_death_cause_keeps_process_host_and_exit_type():
+    from grpo_pilot.engine.workers import death_cause
+
+    ray_text = (
+        "The actor died unexpectedly before finishing this task.\n\tclass_name: Worker\n\tpid: 4242\n\tip: 10.0.0.7\n"
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: ..."
+    )
+    assert death_cause(RuntimeError(ray_text)) == "process 4242 on 10.0.0.7; exit type SYSTEM_ERROR"
+    assert death_cause(RuntimeError("node lost\nmore")) == "node lost"

@@ -205,6 +205,17 @@ def test_offload_gives_the_same_update_on_one_and_two_ranks(ranks):
 # ---- failures ------------------------------------------------------------------------------------------
 
 
+def test_a_cluster_smaller_than_the_plan_is_refused_before_any_worker_starts(tmp_path):
+    from grpo_pilot.errors import InputError
+    from grpo_pilot.hardware import parse_cluster
+
+    plan = load_plan(COLOCATED)
+    eight = plan.model_copy(update={"cluster": parse_cluster("8xcpu")})  # this module's cluster has 4 CPUs
+    with pytest.raises(InputError, match=r"has 4 CPU\(s\); the plan needs 8 CPU workers"):
+        run(eight, RunConfig(output_dir=str(tmp_path / "run"), steps=1, **SETTINGS), quiet=True)
+    assert not (tmp_path / "run" / "workers.json").exists() and ray.is_initialized()  # the shared session is kept
+
+
 def test_memory_cap_fails_with_the_worker_phase_and_step(tmp_path):
     out = tmp_path / "run"
     cfg = RunConfig(output_dir=str(out), steps=2, memory_cap_bytes=3 << 20, **SETTINGS)  # 3 MiB: the update needs more
