@@ -79,8 +79,17 @@ class WorkerInfo(Frozen):
 
 
 def free_address() -> tuple[str, int]:
-    """This host's address and a free TCP port (a group's rendezvous, asked of its rank 0)."""
+    """This node's address and a free TCP port (a group's rendezvous, asked of its rank 0).
+
+    Inside a Ray worker the address is the one Ray reaches the node by (`get_node_ip_address`); the
+    hostname's own resolution can be a loopback address (127.0.1.1 on Debian) other nodes cannot use.
+    """
     host = socket.gethostbyname(socket.gethostname())
+    with contextlib.suppress(ImportError):
+        import ray
+
+        if ray.is_initialized():
+            host = ray.util.get_node_ip_address()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         port = sock.getsockname()[1]

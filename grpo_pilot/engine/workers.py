@@ -97,10 +97,9 @@ class WorkerGroup:
         import ray
 
         if not self._dead:
-            try:
+            # closing the engines is best effort: the processes are ended below either way
+            with contextlib.suppress(Exception):
                 ray.get([h.close.remote() for h in self.handles], timeout=60)
-            except Exception:  # closing is best effort: the processes are ended below either way
-                pass
         for h in self.handles:
             with contextlib.suppress(Exception):
                 ray.kill(h, no_restart=True)
