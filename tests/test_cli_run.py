@@ -1,4 +1,5 @@
-"""`grpo-run` CLI: bad inputs give one paragraph on stderr and exit 2 (never a traceback); a good run prints the summary."""
+"""`grpo-run` CLI: bad inputs give one paragraph on stderr and exit 2 (never a traceback); a failed run exits 1 with
+failure.json; a good run prints the summary."""
 
 from __future__ import annotations
 

@@ -290,9 +290,7 @@ class Actor:
             sharding.ensure_process_group(world_size, device)
             sharding.shard(self.scorer, self.policy, device=device, offload=settings.offload, train=True)
             if self.ref_scorer is not None:
-                sharding.shard(
-                    self.ref_scorer, ref, device=device, offload=settings.ref_param_offload, train=False
-                )
+                sharding.shard(self.ref_scorer, ref, device=device, offload=settings.ref_param_offload, train=False)
         # cpu: the fused kernel (one vectorised in-place pass per tensor, no temporaries; ~3x faster than
         # the default single-tensor loop for small models); GPU: torch's default (foreach), which
         # planner/memory/optimizer.py models for both; offloaded states step on the host (fused there too)

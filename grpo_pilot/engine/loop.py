@@ -360,4 +360,3 @@ def _finish(
         profile=profile,
         last_record=done[-1].record if done else None,
     )
-

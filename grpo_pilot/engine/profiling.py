@@ -321,7 +321,6 @@ class RunProfile(Frozen):
     notes: tuple[str, ...] = ()
 
 
-
 def _median(values: list[float]) -> float | None:
     if not values:
         return None

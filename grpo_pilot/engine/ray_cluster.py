@@ -32,7 +32,13 @@ from grpo_pilot.errors import InputError
 PLACEMENT_TIMEOUT_S = 120.0
 QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 # passed to every worker: offline hub, quiet tokenizers, and the driver's import path (source checkouts)
-FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "PYTHONPATH", "VLLM_CPU_KVCACHE_SPACE")
+FORWARDED_ENV = (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "TOKENIZERS_PARALLELISM",
+    "PYTHONPATH",
+    "VLLM_CPU_KVCACHE_SPACE",
+)
 
 
 @dataclass
@@ -126,12 +132,12 @@ def _local_gpus() -> int:
 
 
 def _gpus_per_node(ray: Any) -> list[int]:
-    return sorted(
-        (int(n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes() if n.get("Alive")), reverse=True
-    )
+    return sorted((int(n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes() if n.get("Alive")), reverse=True)
 
 
-def check_resources(resources: dict[str, float], gpus_per_node: list[int], topology: Topology, device_kind: str) -> None:
+def check_resources(
+    resources: dict[str, float], gpus_per_node: list[int], topology: Topology, device_kind: str
+) -> None:
     """Refuse, before placing anything, a cluster that cannot hold the plan's workers (pure)."""
     need = topology.num_workers
     if device_kind == "cuda":

@@ -50,7 +50,9 @@ class WorkerSetup(Frozen):
     """Everything a worker needs to build itself (sent to every worker; plain data)."""
 
     model_source: str = Field(description="Model directory, config.json or bundled alias (model_factory).")
-    vocab_size: int | None = Field(default=None, description="Vocabulary override (random model fitted to the tokenizer).")
+    vocab_size: int | None = Field(
+        default=None, description="Vocabulary override (a random model fitted to the tokenizer)."
+    )
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads of the worker.")
@@ -113,7 +115,9 @@ class Worker:
     def address(self) -> tuple[str, int]:
         return free_address()
 
-    def start(self, train_master: tuple[str, int] | None = None, rollout_master: tuple[str, int] | None = None) -> WorkerInfo:
+    def start(
+        self, train_master: tuple[str, int] | None = None, rollout_master: tuple[str, int] | None = None
+    ) -> WorkerInfo:
         with self._located("start"):
             return self._start(train_master, rollout_master)
 
@@ -145,9 +149,7 @@ class Worker:
             self.actor = Actor(
                 policy, device=self.device, settings=st.actor, world_size=topo.train_world, rank=spec.train_rank or 0
             )
-        self.profiler = PhaseProfiler(
-            str(self.device), cpu_memory=st.cpu_memory, memory_cap_bytes=st.memory_cap_bytes
-        )
+        self.profiler = PhaseProfiler(str(self.device), cpu_memory=st.cpu_memory, memory_cap_bytes=st.memory_cap_bytes)
         self.profiler.start()
         return WorkerInfo(
             index=spec.index,

@@ -75,7 +75,8 @@ def parse_cluster(text: str, host_ram_bytes_per_node: int | None = None) -> Clus
         if count % DEFAULT_GPUS_PER_NODE:
             raise InputError(
                 f"{count} GPUs do not split into nodes of {DEFAULT_GPUS_PER_NODE}.",
-                f"Say the layout explicitly, e.g. {count // _largest_divisor(count)}x{_largest_divisor(count)}x{gpu.name}.",
+                f"Say the layout explicitly, e.g. "
+                f"{count // _largest_divisor(count)}x{_largest_divisor(count)}x{gpu.name}.",
             )
         num_nodes, per_node = count // DEFAULT_GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE
     else:

@@ -38,7 +38,8 @@ def test_located_errors_pickle_with_their_place():
 
 def test_failure_record_of_other_errors_and_the_file(tmp_path):
     rec = failure_record(ValueError("bad thing"), phase="reward", step=3)
-    assert (rec.kind, rec.worker, rec.phase, rec.step, rec.message) == ("crash", None, "reward", 3, "ValueError: bad thing")
+    got = (rec.kind, rec.worker, rec.phase, rec.step, rec.message)
+    assert got == ("crash", None, "reward", 3, "ValueError: bad thing")
     assert failure_record(RunError("vLLM failed.", "Retry.")).message == "vLLM failed. Retry."
     path = write_failure(tmp_path, rec)
     assert json.loads(path.read_text()) == {
@@ -55,7 +56,7 @@ def test_failure_record_of_other_errors_and_the_file(tmp_path):
 
 def test_out_of_memory_detection():
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
-    assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"))
+    assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
 
 

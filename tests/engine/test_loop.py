@@ -1,4 +1,5 @@
-"""The step loop end to end on the tiny CPU example: metrics, profile.json, mini-batches/epochs/KL, DAPO refill, input checks."""
+"""The step loop end to end on the tiny CPU example: metrics, lengths, profile.json, mini-batches/epochs/KL, DAPO
+refill, input checks, failure.json."""
 
 from __future__ import annotations
 
@@ -199,7 +200,10 @@ def test_a_failing_reward_and_a_driver_bug_leave_failure_json(tmp_path, monkeypa
     from grpo_pilot.errors import RunError
 
     fn = tmp_path / "reward_fn.py"
-    fn.write_text("calls = []\ndef score(completion, record):\n    calls.append(1)\n    assert len(calls) <= 32, 'step 2'\n    return 0.0\n")
+    fn.write_text(  # 32 completions per step: the 33rd call is in step 2
+        "calls = []\ndef score(completion, record):\n    calls.append(1)\n    assert len(calls) <= 32, 'step 2'\n"
+        "    return 0.0\n"
+    )
     with pytest.raises(RunError, match="raised AssertionError"):
         run(tiny_plan(), config(tmp_path, steps=3, reward=f"{fn}:score"), quiet=True)
     failure = json.loads((tmp_path / "run" / "failure.json").read_text())

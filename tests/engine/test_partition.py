@@ -1,4 +1,5 @@
-"""How a step's work is split: token-balanced training shares, rollout chunks, replica seeds, equal micro-batch counts."""
+"""How a step's work is split: token-balanced training shares, rollout chunks, replica seeds, equal micro-batch
+counts."""
 
 from __future__ import annotations
 

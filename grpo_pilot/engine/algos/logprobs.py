@@ -93,9 +93,7 @@ def _scaled_rows(rows: Tensor, temperature: float) -> Tensor:
     return scaled.div_(temperature) if temperature != 1.0 else scaled
 
 
-def _chunk_forward(
-    scaled: Tensor, targets: Tensor, with_entropy: bool
-) -> tuple[Tensor, Tensor, Tensor | None]:
+def _chunk_forward(scaled: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """(logsumexp [c], log p(target) [c], entropy [c] or None) of one chunk of scaled logits [c, V]."""
     lse = torch.logsumexp(scaled, dim=-1)
     picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse

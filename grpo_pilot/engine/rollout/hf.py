@@ -24,9 +24,9 @@ While decoding, the module is in eval mode (transformers' `GradientCheckpointing
 checkpoints when `self.training`, so checkpointing is off) under `torch.no_grad` (not inference
 mode: buffers a forward may refresh must stay usable by autograd) — except for the Llama-family
 models `llama_step` decodes with default RoPE, whose forward refreshes no buffer: those decode
-under `torch.inference_mode` (no autograd bookkeeping per op; completions leave as Python ints), and on CUDA the forward runs
-under bf16 autocast; train mode is restored afterwards and `config` is not touched (the KV cache is
-requested per call).
+under `torch.inference_mode` (no autograd bookkeeping per op; completions leave as Python ints), and on
+CUDA the forward runs under bf16 autocast; train mode is restored afterwards and `config` is not touched
+(the KV cache is requested per call).
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ class HFRollout:
     ) -> None:
         if max_model_len < 2 or max_num_seqs < 1 or (kv_cache_bytes is not None and kv_cache_bytes < 1):
             raise InputError(
-                f"Invalid hf rollout limits: max_model_len={max_model_len}, max_num_seqs={max_num_seqs}, kv_cache_bytes={kv_cache_bytes}.",
+                f"Invalid hf rollout limits: max_model_len={max_model_len}, max_num_seqs={max_num_seqs}, "
+                f"kv_cache_bytes={kv_cache_bytes}.",
                 "Use max_model_len >= 2, max_num_seqs >= 1 and a positive kv_cache_bytes (or None).",
             )
         self._model: torch.nn.Module | None = model
@@ -151,9 +152,10 @@ class HFRollout:
             for name, tensor in weights:
                 target = params.get(name)
                 if target is None or target.shape != tensor.shape:
+                    held = "does not have" if target is None else f"holds as {tuple(target.shape)}"
                     raise RunError(
                         f"Weight sync into the hf rollout replica got '{name}' {tuple(tensor.shape)}, "
-                        f"which the replica {'does not have' if target is None else f'holds as {tuple(target.shape)}'}.",
+                        f"which the replica {held}.",
                         "The trainer and the rollout replica must be built from the same model.",
                     )
                 target.copy_(tensor)
@@ -161,7 +163,8 @@ class HFRollout:
         missing = sorted(set(params) - loaded)
         if missing:
             raise RunError(
-                f"Weight sync left {len(missing)} parameter(s) of the hf rollout replica stale: {', '.join(missing[:5])}.",
+                f"Weight sync left {len(missing)} parameter(s) of the hf rollout replica stale: "
+                f"{', '.join(missing[:5])}.",
                 "Every parameter name (tied ones included) must be sent.",
             )
 

@@ -20,7 +20,8 @@ is passed as `kv_cache_memory_bytes`. All env vars are set before vLLM is import
 
 Weight sync: `LLM.collective_rpc("reload_weights", ...)` calls the worker's in-place reload with the
 iterator of (HF name, tensor) pairs the caller passes (engine/weight_sync.py); with the in-process
-executor the iterator is handed over directly (no serialisation, consumed bucket by bucket). Tied embeddings need care: vLLM
+executor the iterator is handed over directly (no serialisation, consumed bucket by bucket). Tied embeddings need care:
+vLLM
 reloads layer by layer and a layer that receives no tensor silently keeps its old weights, so the
 shared tensor is sent under both names (`model.embed_tokens.weight` and `lm_head.weight`), else
 vLLM's `lm_head` keeps the initial weights. Any such "not loaded" report from vLLM becomes a
@@ -207,7 +208,8 @@ class VLLMRollout:
             or (kv_cache_bytes is not None and kv_cache_bytes < 1)
         ):
             raise InputError(
-                f"Invalid vllm settings: gpu_memory_utilization={gpu_memory_utilization}, max_model_len={max_model_len}, "
+                f"Invalid vllm settings: gpu_memory_utilization={gpu_memory_utilization}, "
+                f"max_model_len={max_model_len}, "
                 f"kv_cache_bytes={kv_cache_bytes}.",
                 "Use 0 < gpu_memory_utilization <= 1, max_model_len >= 2 and a positive kv_cache_bytes (or None).",
             )
@@ -325,13 +327,15 @@ class VLLMRollout:
             self.close()
             raise RunError(
                 f"Weight sync into vLLM failed ({type(exc).__name__}: {exc}); the engine was closed.",
-                "The policy's parameter names must be the HF checkpoint names of a model vLLM supports; use the hf rollout backend otherwise.",
+                "The policy's parameter names must be the HF checkpoint names of a model vLLM supports; use the hf "
+                "rollout backend otherwise.",
             ) from exc
         stale = stale_reports(warnings, self._param_layer_classes)
         if stale:
             raise RunError(
                 f"Weight sync left part of the vLLM model with old weights: {'; '.join(stale)}.",
-                "The policy must expose every parameter of the model vLLM serves (tied ones included); use the hf rollout backend otherwise.",
+                "The policy must expose every parameter of the model vLLM serves (tied ones included); use the hf "
+                "rollout backend otherwise.",
             )
         llm.reset_prefix_cache()
 
