@@ -286,8 +286,9 @@ class Actor:
 
         self.scorer = scorer(self.policy)
         self.ref_scorer = scorer(ref) if ref is not None else None
+        self._own_group = False
         if self.sharded:
-            sharding.ensure_process_group(world_size, device)
+            self._own_group = sharding.ensure_process_group(world_size, device)
             sharding.shard(self.scorer, self.policy, device=device, offload=settings.offload, train=True)
             if self.ref_scorer is not None:
                 sharding.shard(self.ref_scorer, ref, device=device, offload=settings.ref_param_offload, train=False)
@@ -489,6 +490,14 @@ class Actor:
             padding_frac=(computed_total - real_total) / computed_total if computed_total else 0.0,
         )
         return out
+
+    def close(self) -> None:
+        """Release the one-process group this actor made for FSDP2 (offload on one rank), if any."""
+        if self._own_group:
+            from grpo_pilot.engine.sharding import release_process_group
+
+            release_process_group()
+            self._own_group = False
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

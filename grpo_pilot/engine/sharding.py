@@ -27,8 +27,10 @@ from typing import Any
 import torch
 
 
-def ensure_process_group(world_size: int, device: torch.device) -> None:
-    """FSDP2 needs a process group even on one rank (offload): make a private one-process group if none exists."""
+def ensure_process_group(world_size: int, device: torch.device) -> bool:
+    """FSDP2 needs a process group even on one rank (offload): make a private one-process group if none exists.
+
+    Returns whether it made one (its owner destroys it when done: `release_process_group`)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -39,7 +41,7 @@ def ensure_process_group(world_size: int, device: torch.device) -> None:
                 f"The training group has {dist.get_world_size()} ranks; this actor expects {world_size}.",
                 "Start one worker per training rank (engine/workers.py does).",
             )
-        return
+        return False
     if world_size != 1:
         from grpo_pilot.errors import RunError
 
@@ -49,6 +51,15 @@ def ensure_process_group(world_size: int, device: torch.device) -> None:
     dist.init_process_group(
         backend="nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
     )
+    return True
+
+
+def release_process_group() -> None:
+    """Destroy the default group (one this process made with `ensure_process_group`), if it still exists."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

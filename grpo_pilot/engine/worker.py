@@ -332,3 +332,5 @@ class Worker:
             self.profiler.close()
         if self.rollout is not None:
             self.rollout.close()
+        if self.actor is not None:
+            self.actor.close()

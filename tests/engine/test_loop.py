@@ -221,3 +221,20 @@ def test_a_failing_reward_and_a_driver_bug_leave_failure_json(tmp_path, monkeypa
     monkeypatch.undo()
     run(tiny_plan(), config(tmp_path / "other", steps=1, resume=True), quiet=True)  # a good start clears it
     assert not (tmp_path / "other" / "run" / "failure.json").exists()
+
+
+def test_offload_on_one_worker_checkpoints_resumes_and_leaves_no_process_group(tmp_path):
+    import torch.distributed as dist
+
+    plan = tiny_plan()
+    plan = plan.model_copy(
+        update={"knobs": plan.knobs.model_copy(update={"param_offload": True, "optimizer_offload": True})}
+    )
+    run(plan, config(tmp_path / "a", steps=2, checkpoint_every=2), quiet=True)
+    assert not dist.is_initialized()  # the private one-process FSDP2 group is gone with the run
+    run(plan, config(tmp_path / "a", steps=4, checkpoint_every=2, resume=True), quiet=True)
+    plain = run(tiny_plan(), config(tmp_path / "b", steps=4, checkpoint_every=2), quiet=True)
+    got, want = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert [r["grad_norm"] for r in got] == pytest.approx([r["grad_norm"] for r in want], rel=1e-5)
+    assert [r["reward_mean"] for r in got] == [r["reward_mean"] for r in want]
+    assert not any("own copy" in n for n in plain.profile.notes)  # one unsharded worker generates on the policy
