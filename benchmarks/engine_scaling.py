@@ -1,6 +1,6 @@
 """grpo-run on 1, 2 and 4 CPU workers, same global batch: step time and tokens/s beside the plan's prediction.
 
-    python benchmarks/engine_scaling.py                       # ~3-5 minutes on 2 cores
+    python benchmarks/engine_scaling.py                       # about a minute on 2 cores
     python benchmarks/engine_scaling.py --workers 1 2 --steps 3 --warmup 1
 
 Same everything but the worker count: the tiny example model (`examples/tiny`, random init), its prompts
