@@ -169,15 +169,16 @@ def worker_env() -> dict[str, str]:
     return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
 
 
-def place_workers(conn: RayConnection, setup: Any, worker_class: type) -> list[Any]:
-    """One Ray actor per worker in a PACK placement group, bundle i = worker i (refused if it cannot be placed)."""
+def place_workers(conn: RayConnection, setup: Any, worker_class: type, device_kind: str) -> list[Any]:
+    """One Ray actor per worker in a PACK placement group, bundle i = worker i (refused if it cannot be placed).
+
+    `device_kind` "cuda": a GPU per worker (a GPU plan, unless the run config says device = cpu)."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     topo = setup.topology
-    on_gpu = setup.device == "cuda" or (setup.device == "auto" and conn.resources.get("GPU", 0) > 0)
-    bundle = {"GPU": 1, "CPU": 1} if on_gpu else {"CPU": 1}
+    bundle = {"GPU": 1, "CPU": 1} if device_kind == "cuda" else {"CPU": 1}
     pg = placement_group([dict(bundle) for _ in topo.workers], strategy="PACK")
     ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:

@@ -53,6 +53,9 @@ class Topology(Frozen):
     """The workers of a run and their groups."""
 
     placement: Literal["colocated", "split"]
+    device_kind: Literal["cpu", "cuda"] = Field(
+        default="cpu", description="What each worker needs: a GPU (a GPU plan) or a CPU slot (an Nxcpu plan)."
+    )
     num_nodes: int = Field(ge=1)
     workers_per_node: int = Field(ge=1)
     rollout_tp: int = Field(ge=1, description="vLLM tensor parallelism: rollout workers per replica.")
@@ -87,7 +90,13 @@ class Topology(Frozen):
 
 
 def build_topology(
-    *, num_nodes: int, per_node: int, placement: str, rollout_per_node: int, rollout_tp: int
+    *,
+    num_nodes: int,
+    per_node: int,
+    placement: str,
+    rollout_per_node: int,
+    rollout_tp: int,
+    device_kind: Literal["cpu", "cuda"] = "cpu",
 ) -> Topology:
     """Workers for `num_nodes` × `per_node` devices; `rollout_per_node` = rollout workers per node (split)."""
     from grpo_pilot.errors import InputError
@@ -123,6 +132,7 @@ def build_topology(
         )
     return Topology(
         placement="split" if split else "colocated",
+        device_kind=device_kind,
         num_nodes=num_nodes,
         workers_per_node=per_node,
         rollout_tp=rollout_tp,
@@ -142,4 +152,5 @@ def topology_for(plan: object) -> Topology:
         placement=knobs.placement,
         rollout_per_node=layout.rollout_gpus_per_node,
         rollout_tp=knobs.rollout_tp,
+        device_kind="cpu" if cluster.gpu.is_cpu else "cuda",
     )

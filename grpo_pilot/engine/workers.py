@@ -66,10 +66,10 @@ class WorkerGroup:
             return group
         from grpo_pilot.engine.ray_cluster import connect, place_workers
 
-        device_kind = "cpu" if setup.device == "cpu" else ("cuda" if setup.device == "cuda" else _local_kind())
+        device_kind = "cpu" if setup.device == "cpu" else topo.device_kind  # a GPU plan needs GPU workers
         conn = connect(address, topo, device_kind)
         try:
-            actors = place_workers(conn, setup, Worker)
+            actors = place_workers(conn, setup, Worker, device_kind)
         except BaseException:
             conn.close()
             raise
@@ -283,9 +283,3 @@ def death_cause(exc: BaseException) -> str:
         parts.append(f"exit type {kind.group(1)}")
     first = text.strip().splitlines()[0].strip() if text.strip() else type(exc).__name__
     return "; ".join(parts) if parts else first
-
-
-def _local_kind() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"

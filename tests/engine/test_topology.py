@@ -38,7 +38,12 @@ def test_impossible_layouts_are_input_errors():
 
 
 def test_example_plans_give_their_workers():
-    assert topology_for(load_plan("examples/tiny/plan.json")).num_workers == 1
+    from grpo_pilot.hardware import parse_cluster
+
+    tiny = load_plan("examples/tiny/plan.json")
+    assert topology_for(tiny).num_workers == 1 and topology_for(tiny).device_kind == "cpu"
+    gpu = topology_for(tiny.model_copy(update={"cluster": parse_cluster("2x4xH100")}))
+    assert gpu.device_kind == "cuda" and gpu.num_workers == 8 and gpu.workers_per_node == 4
     colocated = topology_for(load_plan("examples/tiny/plan-2xcpu-colocated.json"))
     assert [w.role for w in colocated.workers] == ["trainer+rollout"] * 2
     split = topology_for(load_plan("examples/tiny/plan-2xcpu-split.json"))

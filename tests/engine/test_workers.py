@@ -214,6 +214,9 @@ def test_a_cluster_smaller_than_the_plan_is_refused_before_any_worker_starts(tmp
     with pytest.raises(InputError, match=r"has 4 CPU\(s\); the plan needs 8 CPU workers"):
         run(eight, RunConfig(output_dir=str(tmp_path / "run"), steps=1, **SETTINGS), quiet=True)
     assert not (tmp_path / "run" / "workers.json").exists() and ray.is_initialized()  # the shared session is kept
+    gpus = plan.model_copy(update={"cluster": parse_cluster("2xH100")})  # a GPU plan needs a GPU per worker
+    with pytest.raises(InputError, match=r"has 0 GPU\(s\); the plan needs 2"):
+        run(gpus, RunConfig(output_dir=str(tmp_path / "gpu"), steps=1, **SETTINGS), quiet=True)
 
 
 def test_memory_cap_fails_with_the_worker_phase_and_step(tmp_path):
