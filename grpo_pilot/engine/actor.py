@@ -261,7 +261,9 @@ class Actor:
         self.settings = settings
         self.world_size, self.rank = world_size, rank
         self.sharded = world_size > 1 or settings.offload
-        self.policy = policy.to(device=device, dtype=torch.float32)
+        # sharded: the full model stays where it was built (host RAM) and `fully_shard` moves each rank's
+        # shards to the device (or keeps them on the host with offload): no full copy on the accelerator
+        self.policy = policy.to(dtype=torch.float32) if self.sharded else policy.to(device=device, dtype=torch.float32)
         self.policy.config.use_cache = False
         compute_dtype = torch.bfloat16 if device.type == "cuda" else None
         ref: torch.nn.Module | None = None

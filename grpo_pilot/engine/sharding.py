@@ -78,11 +78,15 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def shard(root: torch.nn.Module, model: torch.nn.Module, *, device: torch.device, offload: bool, train: bool) -> None:
     """`fully_shard` every decoder layer of `model`, then `root` (which contains `model`); in place."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     on_gpu = device.type == "cuda"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu and train else None
     kwargs: dict[str, Any] = {
+        # the actor's device, not the machine's default (a CPU run on a GPU host stays on the CPU)
+        "mesh": init_device_mesh(device.type, (dist.get_world_size(),)),
         "offload_policy": CPUOffloadPolicy(pin_memory=on_gpu) if offload else OffloadPolicy(),
     }
     if mp is not None:
