@@ -32,6 +32,13 @@ def run_notes(
             "rollout: the hf backend generates on its own copy of the weights on every rollout worker (the "
             "trainer's are sharded or elsewhere); the plan assumes it generates on the trainer's module",
         )
+    k = plan.knobs
+    if k.param_offload != k.optimizer_offload:
+        only = "param_offload" if k.param_offload else "optimizer_offload"
+        notes += (
+            f"offload: the plan sets only {only}; FSDP2's CPUOffloadPolicy keeps parameters, gradients and optimizer "
+            "states on the host together, so the run offloads all three",
+        )
     if old_logprob_pass_needed(plan.workload, plan.target) != engine_old_pass:
         notes += (
             f"log_prob: this run {'runs' if engine_old_pass else 'skips'} the old-policy pass; the plan (target "

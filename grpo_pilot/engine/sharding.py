@@ -14,8 +14,9 @@ FSDP2 settings (torch >= 2.6 `fully_shard`):
   embeddings, final norm and LM head) — torchtitan's and verl's wrapping;
 - mixed precision on CUDA: bf16 compute, fp32 gradient reduction, fp32 master shards
   (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`, verl's actor default); CPU: fp32;
-- `CPUOffloadPolicy` when the plan offloads params or optimizer states (the optimizer step then runs on
-  the host; pinned memory on CUDA only);
+- `CPUOffloadPolicy` when the plan offloads params or optimizer states: FSDP2 has one policy for both, so
+  parameters, gradients and optimizer states all live on the host and the optimizer step runs there
+  (pinned memory on CUDA only; engine/notes.py says so when the plan offloads only one of them);
 - gradients are summed across ranks, not averaged (divide factor 1, SUM reductions; gloo has no
   PREMUL_SUM): the actor's losses already divide by the whole mini-batch's token/sequence counts.
 """

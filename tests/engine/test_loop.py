@@ -238,3 +238,14 @@ def test_offload_on_one_worker_checkpoints_resumes_and_leaves_no_process_group(t
     assert [r["grad_norm"] for r in got] == pytest.approx([r["grad_norm"] for r in want], rel=1e-5)
     assert [r["reward_mean"] for r in got] == [r["reward_mean"] for r in want]
     assert not any("own copy" in n for n in plain.profile.notes)  # one unsharded worker generates on the policy
+
+
+def test_notes_say_when_the_run_offloads_more_than_the_plan():
+    from grpo_pilot.engine.notes import run_notes
+
+    plan = tiny_plan()
+    one = plan.model_copy(update={"knobs": plan.knobs.model_copy(update={"optimizer_offload": True})})
+    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3, hf_replica=False)
+    assert not any(n.startswith("offload:") for n in run_notes(plan, **kw))
+    (note,) = [n for n in run_notes(one, **kw) if n.startswith("offload:")]
+    assert "only optimizer_offload" in note and "all three" in note
