@@ -122,17 +122,15 @@ def time_ours(
         seed=0,
     )
     torch.manual_seed(0)
-    eng = build_engine(plan, cfg)
-    eng.profiler.start()
+    eng = build_engine(plan, cfg)  # one worker: in this process, no Ray
     kept: list[tuple[float, int]] = []
     try:
         for step in range(1, warmup + steps + 1):
-            _, _, wall, tokens = grpo_step(eng, step)
+            result = grpo_step(eng, step)
             if step > warmup:
-                kept.append((wall, tokens))
+                kept.append((result.wall_s, result.trained_tokens))
     finally:
-        eng.profiler.close()
-        eng.rollout.close()
+        eng.group.close()
     return kept
 
 
@@ -288,20 +286,23 @@ def main(argv: list[str] | None = None) -> int:
     rows = [summarise(k, v) for k, v in results.items()]
     trl = next(r for r in rows if r["name"] == "trl")
     print(
-        f"\nmodel: Qwen2 hidden {a.hidden}, {a.layers} layers, {a.heads} heads, char vocab; {a.prompts_per_step} prompts x n={a.n}, "
-        f"max {a.max_new} new tokens; {a.rounds} rounds x ({a.warmup} warm-up + {a.steps} measured) steps; 1 thread; torch {torch.__version__}"
+        f"\nmodel: Qwen2 hidden {a.hidden}, {a.layers} layers, {a.heads} heads, char vocab; {a.prompts_per_step} "
+        f"prompts x n={a.n}, max {a.max_new} new tokens; {a.rounds} rounds x ({a.warmup} warm-up + {a.steps} "
+        f"measured) steps; 1 thread; torch {torch.__version__}"
     )
     print(
-        f"{'engine':14s} {'steps':>5s} {'median step s':>13s} {'steps/s':>8s} {'tokens/step':>11s} {'tokens/s':>9s} {'spread':>7s} "
-        f"{'steps/s vs TRL':>14s} {'tokens/s vs TRL':>15s}"
+        f"{'engine':14s} {'steps':>5s} {'median step s':>13s} {'steps/s':>8s} {'tokens/step':>11s} {'tokens/s':>9s} "
+        f"{'spread':>7s} {'steps/s vs TRL':>14s} {'tokens/s vs TRL':>15s}"
     )
     for r in rows:
         print(
-            f"{r['name']:14s} {r['steps']:5d} {r['step_s']:13.3f} {r['steps_per_s']:8.2f} {r['tokens_per_step']:11.0f} {r['tokens_per_s']:9.0f} "
-            f"{r['spread']:7.0%} {r['steps_per_s'] / trl['steps_per_s']:13.2f}x {r['tokens_per_s'] / trl['tokens_per_s']:14.2f}x"
+            f"{r['name']:14s} {r['steps']:5d} {r['step_s']:13.3f} {r['steps_per_s']:8.2f} {r['tokens_per_step']:11.0f} "
+            f"{r['tokens_per_s']:9.0f} {r['spread']:7.0%} {r['steps_per_s'] / trl['steps_per_s']:13.2f}x "
+            f"{r['tokens_per_s'] / trl['tokens_per_s']:14.2f}x"
         )
     print(
-        "spread = (max - min) / median of the kept step times; tokens/step differ when completions stop at EOS at different points."
+        "spread = (max - min) / median of the kept step times; tokens/step differ when completions stop at EOS at "
+        "different points."
     )
     print(f"total wall time {time.perf_counter() - started:.0f} s")
     return 0

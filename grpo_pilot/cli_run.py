@@ -64,6 +64,12 @@ def main(
     set_: list[str] = typer.Option(
         [], "--set", help="Any run setting as KEY=VALUE (repeatable), e.g. --set clip_high=0.28."
     ),
+    address: Optional[str] = typer.Option(
+        None,
+        "--address",
+        help="Ray cluster to join: 'auto' (the one `ray start` made on this node) or HEAD_IP:PORT. Default: a "
+        "plan with several workers starts a local Ray cluster, a one-worker plan runs in this process.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live display and no summary table."),
     allow_unsandboxed_code: bool = typer.Option(
         False,
@@ -112,7 +118,7 @@ def main(
     from grpo_pilot.engine.metrics import summary_table
 
     console = Console(stderr=True)
-    result = run(the_plan, cfg, plan_path=plan, quiet=quiet, console=console)
+    result = run(the_plan, cfg, plan_path=plan, quiet=quiet, console=console, address=address)
     if quiet:
         return
     out_console = Console(file=sys.stdout)
@@ -122,6 +128,11 @@ def main(
         )
         return
     out_console.print(summary_table(result.profile))
+    if result.profile.num_workers > 1:
+        out_console.print(
+            f"{result.profile.num_workers} workers: time = the slowest worker's, memory = the largest worker peak; "
+            f"each worker's own figures are under 'ranks' in profile.json (workers.json: their processes)."
+        )
     last = result.last_record or {}
     reward_mean = last.get("reward_mean")
     out_console.print(

@@ -1,4 +1,5 @@
-"""`grpo-run` CLI: bad inputs give one paragraph on stderr and exit 2 (never a traceback); a good run prints the summary."""
+"""`grpo-run` CLI: bad inputs give one paragraph on stderr and exit 2 (never a traceback); a failed run exits 1 with
+failure.json; a good run prints the summary."""
 
 from __future__ import annotations
 
@@ -68,13 +69,13 @@ def test_bad_reward_spec(tmp_path):
 
 
 def test_reward_needing_a_missing_field_stops_before_training(tmp_path, monkeypatch):
-    # the tiny prompt set has no "answer": exact_match cannot score it, and says so before the model is built
-    import grpo_pilot.engine.assemble as assemble
+    # the tiny prompt set has no "answer": exact_match cannot score it, and says so before any worker starts
+    from grpo_pilot.engine.workers import WorkerGroup
 
-    def no_model(*args, **kwargs):
-        raise AssertionError("the model was built before the records were checked against the reward")
+    def no_workers(*args, **kwargs):
+        raise AssertionError("the workers started before the records were checked against the reward")
 
-    monkeypatch.setattr(assemble, "build_model", no_model)
+    monkeypatch.setattr(WorkerGroup, "start", no_workers)
     result = invoke(PLAN, *GOOD, "--reward", "exact_match", "--out", str(tmp_path / "run"))
     assert_input_error(result, "answer")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -119,3 +120,26 @@ def test_good_run_prints_measured_vs_predicted(tmp_path):
     assert profile["steps_run"] == 2
     saved = json.loads((tmp_path / "run" / "run_config.json").read_text())
     assert saved["steps"] == 2 and saved["lr"] == 2e-3  # flag beat the file; the file gave lr
+
+
+def test_run_failure_exits_1_with_one_paragraph_and_failure_json(tmp_path):
+    out = tmp_path / "run"
+    result = invoke(PLAN, *GOOD, "--steps", "2", "--out", str(out), "--set", "memory_cap_bytes=1048576")
+    assert result.exit_code == 1, result.output
+    err = result.stderr
+    assert err.startswith("failed: Out of memory on worker 0 (trainer+rollout)") and "Traceback" not in result.output
+    assert err.strip().count("\n") == 0
+    failure = json.loads((out / "failure.json").read_text())
+    assert failure["kind"] == "oom" and failure["step"] == 1 and failure["worker"] == "worker 0 (trainer+rollout)"
+
+
+def test_ulysses_and_unreachable_ray_clusters_are_refused_up_front(tmp_path):
+    from grpo_pilot.planner.plan import load_plan, save_plan
+
+    plan = load_plan(PLAN)
+    sp = tmp_path / "sp.json"
+    save_plan(plan.model_copy(update={"knobs": plan.knobs.model_copy(update={"ulysses_sp": 2})}), sp)
+    assert_input_error(invoke(str(sp), *GOOD, "--out", str(tmp_path / "a")), "ulysses_sp=2", "--pin ulysses_sp=1")
+    result = invoke(PLAN, *GOOD, "--out", str(tmp_path / "b"), "--address", "127.0.0.1:1")  # nothing listens there
+    assert_input_error(result, "Cannot join the Ray cluster at '127.0.0.1:1'", "ray start")
+    assert not (tmp_path / "b" / "metrics.jsonl").exists()

@@ -105,9 +105,14 @@ def test_uneven_gpu_count_suggests_explicit_layout() -> None:
     assert "2x6xH100-80G" in info.value.hint
 
 
-def test_cpu_must_be_single() -> None:
-    with pytest.raises(InputError):
-        parse_cluster("2xcpu")
+def test_cpu_workers_are_one_node_of_n() -> None:
+    two, many = parse_cluster("2xcpu"), parse_cluster("12xcpu")  # more than 8 CPU workers: still one node
+    assert (two.num_nodes, two.gpus_per_node, two.world_size) == (1, 2, 2) and two.gpu.is_cpu
+    assert (many.num_nodes, many.gpus_per_node) == (1, 12) and many.label() == "12xcpu"
+    assert two.host_ram_bytes_per_node == two.gpu.memory_bytes
+    with pytest.raises(InputError, match="this one machine") as info:
+        parse_cluster("2x2xcpu")
+    assert "2xcpu" in info.value.hint
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,16 @@
 
     actor.log_probs(samples, ref=False) -> list[Tensor[r_i]]      no grad; old-policy or reference pass
     actor.update(samples, advantages, ...) -> metrics             one optimizer step over a mini-batch
-    actor.state_dict() / actor.load_state_dict(...)               checkpoints
+    actor.state_dict() / actor.load_state_dict(...)               checkpoints (engine/dist_checkpoint.py)
 
-The same calls can later run on N workers (FSDP2 + Ray) with the samples sharded; nothing here
-assumes one process beyond `torch.nn.Module` ownership.
+One rank or many. With `world_size` > 1 (the training ranks of engine/workers.py, the default
+torch.distributed group) or with offload, the policy is sharded with FSDP2 (engine/sharding.py) and
+each rank gets its share of a mini-batch (balanced by tokens, engine/partition.py): every micro-batch
+loss uses the *whole* mini-batch's token and sequence counts (`global_num_tokens`,
+`global_num_seqs`) and the gradients are summed across ranks (not averaged), so N ranks compute the
+1-process update. FSDP2 forwards are collectives: every rank runs the same number of micro-batches
+(`micro_batches.equalise_bins`), padding with zero-weight dummies; the metrics are summed across ranks.
+Sharded, the shared-prompt forward is off (it calls the layers' pieces, not the FSDP units).
 
 Micro-batch layout (`micro_batch_layout`), chosen from the model's attention implementation:
 - "padded" (SDPA / eager attention, the default; CPU and GPU): each micro-batch is one [k, W] batch of
@@ -39,8 +45,9 @@ Gradient accumulation is exact: every micro-batch loss uses the mini-batch's tok
 counts as denominators (`policy_loss(global_num_tokens=, global_num_seqs=)`), so the summed
 gradient equals the mini-batch gradient. Then grad-norm clipping and AdamW.
 
-Precision: fp32 master weights everywhere; on CUDA the forward runs under bf16 autocast and the
-reference model is a bf16 copy; on CPU everything is fp32.
+Precision: fp32 master weights everywhere; on CUDA the forward computes in bf16 (autocast unsharded,
+FSDP2 `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` sharded) and the reference model is
+a bf16 copy; on CPU everything is fp32.
 """
 
 from __future__ import annotations
@@ -56,10 +63,10 @@ from torch import Tensor
 from grpo_pilot.engine.algos.dapo import mask_truncated
 from grpo_pilot.engine.algos.logprobs import chunked_token_logprobs, entropy_from_logits, token_logprobs
 from grpo_pilot.engine.algos.policy_loss import policy_loss
-from grpo_pilot.engine.micro_batches import plan_micro_batches
+from grpo_pilot.engine.micro_batches import equalise_bins, plan_micro_batches
+from grpo_pilot.engine.settings import ActorSettings
 from grpo_pilot.engine.shared_prefix import prefix_batch, shared_prefix_hidden, shared_prefix_unsupported
 from grpo_pilot.models import Frozen
-from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.memory.logits import FUSED_LOGPROB_CHUNK_TOKENS
 
 SUMMED_METRICS = ("loss", "pg_loss", "kl_loss", "entropy_loss")
@@ -110,85 +117,88 @@ def pad_rows(rows: Sequence[Tensor], width: int | None = None) -> Tensor:
     return out
 
 
-class Actor:
-    """Owns the policy (fp32 master), its AdamW optimizer, and the frozen reference (initial policy)."""
+def per_sample(flat: Tensor, samples: Sequence[Sample]) -> list[Tensor]:
+    """Split a sample-major [Σ r_i] tensor into one [r_i] tensor per sample."""
+    return list(flat.split([len(s.response_ids) for s in samples]))
+
+
+DUMMY = Sample((0,), (0,))  # what a rank without data feeds so that its collectives still run (zero weight)
+
+
+class ScoredLogProbs(torch.nn.Module):
+    """`forward(samples)` -> per-sample response log-probs (and entropies) of `model`, in one forward.
+
+    A module so that, sharded, it is the FSDP2 root: its forward gathers the root's parameters
+    (embeddings, final norm, LM head) around everything below, the decoder's own forward gathers
+    each layer.
+    """
 
     def __init__(
         self,
-        policy: torch.nn.Module,
+        model: torch.nn.Module,
         *,
         device: torch.device,
-        knobs: Knobs,
-        lr: float,
-        weight_decay: float = 0.01,
-        betas: tuple[float, float] = (0.9, 0.999),
-        max_grad_norm: float = 1.0,
-        temperature: float = 1.0,
-        with_ref: bool = False,
-        share_prompts: bool = True,
+        temperature: float,
+        fused: bool,
+        share_prompts: bool,
+        autocast_dtype: torch.dtype | None,
     ) -> None:
+        super().__init__()
+        self.model = model
         self.device = device
-        self.knobs = knobs
         self.temperature = temperature
-        self.max_grad_norm = max_grad_norm
-        self.policy = policy.to(device=device, dtype=torch.float32)
-        self.policy.config.use_cache = False
-        self.autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
-        self.ref: torch.nn.Module | None = None
-        if with_ref:  # frozen copy of the initial policy; bf16 on GPU (what the planner assumes)
-            ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
-            if self.autocast_dtype is not None:
-                ref = ref.to(self.autocast_dtype)
-            self.ref = ref.to("cpu") if knobs.ref_param_offload and device.type == "cuda" else ref
-        if knobs.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        # models whose padded micro-batches compute each distinct prompt once (engine/shared_prefix.py)
-        self._shares_prompts = {
-            id(m)
-            for m in (self.policy, self.ref)
-            if m is not None and share_prompts and shared_prefix_unsupported(m) is None
-        }
-        # cpu: the fused kernel (one vectorised in-place pass per tensor, no temporaries; ~3x faster than
-        # the default single-tensor loop for small models); GPU: torch's default (foreach), which
-        # planner/memory/optimizer.py models for both
-        self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(),
-            lr=lr,
-            betas=betas,
-            weight_decay=weight_decay,
-            fused=True if device.type == "cpu" else None,
-        )
-        self.shared_forwards = 0  # training/log-prob micro-batches that ran the shared-prompt forward
-        self.unapplied_knobs = tuple(
-            name
-            for name, on in (
-                ("param_offload", knobs.param_offload),
-                ("optimizer_offload", knobs.optimizer_offload),
-                (f"ulysses_sp={knobs.ulysses_sp}", knobs.ulysses_sp > 1),
-            )
-            if on
-        )
+        self.fused = fused
+        self.share_prompts = share_prompts and shared_prefix_unsupported(model) is None
+        self.autocast_dtype = autocast_dtype
+        self.shared_forwards = 0  # micro-batches that ran the shared-prompt forward
 
-    # -- forward pieces ------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _scored_hidden(self, model: torch.nn.Module, samples: Sequence[Sample]) -> tuple[Tensor, Tensor, int, int]:
+    def forward(  # type: ignore[override]
+        self, samples: Sequence[Sample], with_entropy: bool = False, entropy_grad: bool = False
+    ) -> tuple[Tensor, Tensor | None, int, int]:
+        """Response log-probs (and entropies) [Σ r_i], sample-major, from one forward of the micro-batch
+        `samples`, in the layout of `micro_batch_layout(model)`; also the positions computed (padding
+        included) and the real ones among them. (Flat tensors, not per-sample views: FSDP2 hooks the
+        outputs of its root for backward, and a view's in-place use would drop that hook.)
+
+        Entropies carry a gradient only with `entropy_grad` (else they are a metric and keep no graph).
+        """
+        entropy: Tensor | None = None
+        with self._autocast():
+            hidden, target_ids, computed, real = self._scored_hidden(samples)
+            head = self.model.get_output_embeddings()
+            if self.fused:
+                logprobs, entropy = chunked_token_logprobs(
+                    hidden,
+                    head.weight.to(hidden.dtype),
+                    target_ids,
+                    temperature=self.temperature,
+                    chunk_tokens=FUSED_LOGPROB_CHUNK_TOKENS,
+                    with_entropy=with_entropy,
+                )
+            else:
+                logits = head(hidden)
+                logprobs = token_logprobs(logits, target_ids, temperature=self.temperature)
+                if with_entropy:
+                    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+                        entropy = entropy_from_logits(logits, temperature=self.temperature)
+        return logprobs, entropy, computed, real
+
+    def _scored_hidden(self, samples: Sequence[Sample]) -> tuple[Tensor, Tensor, int, int]:
         """Final hidden states [N, h] at the N = Σ r_i positions that predict response tokens, the target
         ids [N] (sample-major), the positions computed (k·W padded, Σ(n_i − 1) packed, U·P + k·R shared)
         and how many of them are real tokens (not padding).
 
         The logits at position t − 1 predict token t, so a sequence of n tokens feeds its first n − 1.
         """
+        model, device = self.model, self.device
         layout = micro_batch_layout(model)
-        if (
-            layout == "padded"
-            and id(model) in self._shares_prompts
-            and len({s.prompt_ids for s in samples}) < len(samples)
-        ):
-            shared = prefix_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], self.device)
+        if layout == "padded" and self.share_prompts and len({s.prompt_ids for s in samples}) < len(samples):
+            shared = prefix_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], device)
             self.shared_forwards += 1
             return shared_prefix_hidden(model, shared), shared.targets, shared.computed_positions, shared.real_positions
         fed = sum(s.num_tokens - 1 for s in samples)
@@ -204,11 +214,11 @@ class Actor:
                 ids.extend((s.prompt_ids + s.response_ids)[:-1])
                 pos.extend(range(n - 1))
                 targets.extend(s.response_ids)
-            input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
-            position_ids = torch.tensor([pos], dtype=torch.long, device=self.device)
+            input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+            position_ids = torch.tensor([pos], dtype=torch.long, device=device)
             out = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
             computed = len(ids)
-            hidden = out[0, torch.tensor(cols, dtype=torch.long, device=self.device)]
+            hidden = out[0, torch.tensor(cols, dtype=torch.long, device=device)]
         else:
             width = max(s.num_tokens for s in samples) - 1
             # right padding with id 0 (any valid id: causal attention keeps pads out of real positions)
@@ -219,86 +229,153 @@ class Actor:
                 cols.extend(range(p - 1, s.num_tokens - 1))
                 targets.extend(s.response_ids)
                 row.extend([0] * (width - len(row)))
-            input_ids = torch.tensor(batch, dtype=torch.long, device=self.device)
+            input_ids = torch.tensor(batch, dtype=torch.long, device=device)
             out = model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
             computed = len(samples) * width
             hidden = out[
-                torch.tensor(rows, dtype=torch.long, device=self.device),
-                torch.tensor(cols, dtype=torch.long, device=self.device),
+                torch.tensor(rows, dtype=torch.long, device=device),
+                torch.tensor(cols, dtype=torch.long, device=device),
             ]
-        return hidden, torch.tensor(targets, dtype=torch.long, device=self.device), computed, fed
+        return hidden, torch.tensor(targets, dtype=torch.long, device=device), computed, fed
 
-    def _micro_batch_logprobs(
-        self, model: torch.nn.Module, samples: Sequence[Sample], *, with_entropy: bool, entropy_grad: bool = False
-    ) -> tuple[list[Tensor], list[Tensor] | None, int, int]:
-        """Per-sample response log-probs (and entropies) from one forward of the micro-batch `samples`,
-        in the layout of `micro_batch_layout(model)`; also the positions computed (padding included)
-        and the real ones among them.
 
-        Entropies carry a gradient only with `entropy_grad` (else they are a metric and keep no graph).
-        """
-        entropy: Tensor | None = None
-        with self._autocast():
-            hidden, target_ids, computed, real = self._scored_hidden(model, samples)
-            head = model.get_output_embeddings()
-            if self.knobs.fused_logprob:
-                logprobs, entropy = chunked_token_logprobs(
-                    hidden,
-                    head.weight.to(hidden.dtype),
-                    target_ids,
-                    temperature=self.temperature,
-                    chunk_tokens=FUSED_LOGPROB_CHUNK_TOKENS,
-                    with_entropy=with_entropy,
-                )
-            else:
-                logits = head(hidden)
-                logprobs = token_logprobs(logits, target_ids, temperature=self.temperature)
-                if with_entropy:
-                    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-                        entropy = entropy_from_logits(logits, temperature=self.temperature)
-        sizes = [len(s.response_ids) for s in samples]
-        return (
-            list(logprobs.split(sizes)),
-            (list(entropy.split(sizes)) if entropy is not None else None),
-            computed,
-            real,
+class Actor:
+    """Owns the policy (fp32 master), its AdamW optimizer, and the frozen reference (initial policy).
+
+    `world_size` / `rank`: this actor's place among the training ranks (the default torch.distributed
+    group must already hold them when `world_size` > 1).
+    """
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        *,
+        device: torch.device,
+        settings: ActorSettings,
+        world_size: int = 1,
+        rank: int = 0,
+    ) -> None:
+        from grpo_pilot.engine import sharding
+
+        self.device = device
+        self.settings = settings
+        self.world_size, self.rank = world_size, rank
+        self.sharded = world_size > 1 or settings.offload
+        # sharded: the full model stays where it was built (host RAM) and `fully_shard` moves each rank's
+        # shards to the device (or keeps them on the host with offload): no full copy on the accelerator
+        self.policy = policy.to(dtype=torch.float32) if self.sharded else policy.to(device=device, dtype=torch.float32)
+        self.policy.config.use_cache = False
+        compute_dtype = torch.bfloat16 if device.type == "cuda" else None
+        ref: torch.nn.Module | None = None
+        if settings.with_ref:  # frozen copy of the initial policy; bf16 on GPU (what the planner assumes)
+            ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
+            if compute_dtype is not None:
+                ref = ref.to(compute_dtype)
+            if settings.ref_param_offload and device.type == "cuda" and not self.sharded:
+                ref = ref.to("cpu")
+        if settings.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+        def scorer(model: torch.nn.Module) -> ScoredLogProbs:
+            return ScoredLogProbs(
+                model,
+                device=device,
+                temperature=settings.temperature,
+                fused=settings.fused_logprob,
+                share_prompts=settings.share_prompts and not self.sharded,
+                autocast_dtype=None if self.sharded else compute_dtype,
+            )
+
+        self.scorer = scorer(self.policy)
+        self.ref_scorer = scorer(ref) if ref is not None else None
+        self._own_group = False
+        if self.sharded:
+            self._own_group = sharding.ensure_process_group(world_size, device)
+            sharding.shard(self.scorer, self.policy, device=device, offload=settings.offload, train=True)
+            if self.ref_scorer is not None:
+                sharding.shard(self.ref_scorer, ref, device=device, offload=settings.ref_param_offload, train=False)
+        # cpu: the fused kernel (one vectorised in-place pass per tensor, no temporaries; ~3x faster than
+        # the default single-tensor loop for small models); GPU: torch's default (foreach), which
+        # planner/memory/optimizer.py models for both; offloaded states step on the host (fused there too)
+        on_host = device.type == "cpu" or settings.optimizer_offload or settings.param_offload
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=settings.lr,
+            betas=(settings.adam_beta1, settings.adam_beta2),
+            weight_decay=settings.weight_decay,
+            fused=True if on_host else None,
         )
 
+    @property
+    def ref(self) -> torch.nn.Module | None:
+        return self.ref_scorer.model if self.ref_scorer is not None else None
+
+    @property
+    def prompt_sharing(self) -> tuple[str, ...]:
+        """Which models ("policy", "ref") run the shared-prompt forward on grouped micro-batches."""
+        scorers = (("policy", self.scorer), ("ref", self.ref_scorer))
+        return tuple(name for name, s in scorers if s is not None and s.share_prompts)
+
+    @property
+    def shared_forwards(self) -> int:
+        """Training/log-prob micro-batches that ran the shared-prompt forward."""
+        return sum(s.shared_forwards for s in (self.scorer, self.ref_scorer) if s is not None)
+
+    # -- collectives (no-ops on one rank) ------------------------------------------------------------
+    def _bins(
+        self, lengths: list[int], *, max_tokens: int | None, max_seqs: int | None, padded: bool
+    ) -> list[list[int]]:
+        """Micro-batches of this rank; with several ranks, as many on each as the rank that needs most."""
+        bins = plan_micro_batches(
+            lengths, max_tokens=max_tokens, max_seqs=max_seqs, padded=padded, split_padding=padded
+        )
+        if self.world_size == 1:
+            return bins
+        from grpo_pilot.engine.sharding import all_reduce_max
+
+        return equalise_bins(bins, all_reduce_max(len(bins), self.device), lengths)
+
+    def _all_reduce_sum(self, values: list[float]) -> list[float]:
+        if self.world_size == 1:
+            return values
+        from grpo_pilot.engine.sharding import all_reduce_sum
+
+        return all_reduce_sum(values, self.device)
+
     @contextlib.contextmanager
-    def _ref_on_device(self) -> Iterator[torch.nn.Module]:
-        assert self.ref is not None
-        offloaded = next(self.ref.parameters()).device != self.device
+    def _ref_on_device(self) -> Iterator[ScoredLogProbs]:
+        assert self.ref_scorer is not None
+        ref = self.ref_scorer.model
+        offloaded = not self.sharded and next(ref.parameters()).device != self.device
         if offloaded:
-            self.ref.to(self.device)
+            ref.to(self.device)
         try:
-            yield self.ref
+            yield self.ref_scorer
         finally:
             if offloaded:
-                self.ref.to("cpu")
+                ref.to("cpu")
 
     # -- the interface -------------------------------------------------------------------------
     @torch.no_grad()
     def log_probs(self, samples: Sequence[Sample], *, ref: bool = False) -> list[Tensor]:
         """Response log-probs [r_i] per sample under the current policy (or the reference); no grad.
 
-        Micro-batches of at most `log_prob_max_token_len_per_gpu` tokens (padding included), in the
+        Micro-batches of at most `log_prob_max_token_len` tokens (padding included), in the
         layout of `micro_batch_layout(model)`.
         """
         out: list[Tensor | None] = [None] * len(samples)
-        with self._ref_on_device() if ref else contextlib.nullcontext(self.policy) as model:
+        with self._ref_on_device() if ref else contextlib.nullcontext(self.scorer) as scorer:
+            model = scorer.model
             padded = micro_batch_layout(model) == "padded"
-            bins = plan_micro_batches(
-                [s.num_tokens for s in samples],
-                max_tokens=self.knobs.log_prob_max_token_len_per_gpu,
-                padded=padded,
-                split_padding=padded,
-            )
+            lengths = [s.num_tokens for s in samples]
+            bins = self._bins(lengths, max_tokens=self.settings.log_prob_max_token_len, max_seqs=None, padded=padded)
             was_training = model.training
             model.eval()
             try:
                 for b in bins:
-                    lps, _, _, _ = self._micro_batch_logprobs(model, [samples[i] for i in b], with_entropy=False)
-                    for i, lp in zip(b, lps):
+                    mb = [samples[i] for i in b] if b else [DUMMY]
+                    flat, _, _, _ = scorer(mb, with_entropy=False)
+                    for i, lp in zip(b, per_sample(flat, mb)):
                         out[i] = lp.float()
             finally:
                 model.train(was_training)
@@ -312,49 +389,63 @@ class Actor:
         *,
         old_logprobs: Sequence[Tensor] | None = None,
         ref_logprobs: Sequence[Tensor] | None = None,
+        global_num_tokens: int | None = None,
+        global_num_seqs: int | None = None,
     ) -> dict[str, float]:
-        """One optimizer step on this mini-batch; returns summed losses and token-weighted statistics.
+        """One optimizer step on this mini-batch (this rank's share of it); returns the mini-batch's summed
+        losses and token-weighted statistics (over every rank: the same dict on each).
 
         `advantages` [len(samples)]; `old_logprobs` None = on-policy (the detached current log-probs).
+        `global_num_tokens` / `global_num_seqs`: trained response tokens and sequences of the whole
+        mini-batch over all ranks (None = this rank's own, right for one rank).
         """
         self.policy.train()
         lengths = [s.num_tokens for s in samples]
         padded = micro_batch_layout(self.policy) == "padded"
-        bins = plan_micro_batches(
+        st = self.settings
+        bins = self._bins(
             lengths,
-            max_tokens=self.knobs.max_token_len_per_gpu,
-            max_seqs=None if self.knobs.dynamic_batching else self.knobs.micro_batch_size_per_gpu,
+            max_tokens=st.max_token_len,
+            max_seqs=None if st.dynamic_batching else st.micro_batch_size,
             padded=padded,
-            split_padding=padded,
         )
         trained = [not (loss.mask_truncated and s.truncated) for s in samples]
         num_tokens = sum(len(s.response_ids) for s, t in zip(samples, trained) if t)
+        if global_num_tokens is None:
+            global_num_tokens = num_tokens
+        if global_num_seqs is None:
+            global_num_seqs = len(samples)
         sums: dict[str, float] = {}
         weighted: dict[str, float] = {}
         weight_total = 0.0
         computed_total = real_total = 0
         for b in bins:
-            mb = [samples[i] for i in b]
+            mb = [samples[i] for i in b] if b else [DUMMY]
             # entropy is always reported; it carries a gradient only when entropy_coeff != 0
-            lps, ents, computed, real = self._micro_batch_logprobs(
-                self.policy, mb, with_entropy=True, entropy_grad=loss.entropy_coeff != 0.0
+            flat_lp, flat_ent, computed, real = self.scorer(
+                mb, with_entropy=True, entropy_grad=loss.entropy_coeff != 0.0
             )
-            computed_total += computed
-            real_total += real
+            lps, ents = per_sample(flat_lp, mb), per_sample(flat_ent, mb) if flat_ent is not None else None
+            if b:
+                computed_total += computed
+                real_total += real
             width = max(len(s.response_ids) for s in mb)
             lp = pad_rows(lps, width)
             mask = pad_rows([torch.ones(len(s.response_ids), device=self.device) for s in mb], width)
-            truncated = torch.tensor([not trained[i] for i in b], device=self.device)
+            truncated = torch.tensor([not trained[i] for i in b] if b else [True], device=self.device)
             mask = mask_truncated(mask, truncated)
-            old = pad_rows([old_logprobs[i] for i in b], width) if old_logprobs is not None else lp.detach()
-            refs = pad_rows([ref_logprobs[i] for i in b], width) if ref_logprobs is not None else None
+            old = pad_rows([old_logprobs[i] for i in b], width) if old_logprobs is not None and b else lp.detach()
+            refs = None
+            if ref_logprobs is not None:
+                refs = pad_rows([ref_logprobs[i] for i in b], width) if b else lp.detach()
             ent = pad_rows(ents, width) if ents is not None else None
             if ent is not None and loss.entropy_coeff == 0.0:
                 ent = ent.detach()
+            adv = advantages[b].to(self.device) if b else torch.zeros(1, device=self.device)
             total, metrics = policy_loss(
                 lp,
                 old,
-                advantages[b].to(self.device),
+                adv,
                 mask,
                 loss_agg_mode=loss.loss_agg_mode,
                 clip_low=loss.clip_low,
@@ -367,8 +458,8 @@ class Actor:
                 entropy=ent,
                 entropy_coeff=loss.entropy_coeff,
                 loss_scale_len=loss.loss_scale_len,
-                global_num_tokens=max(num_tokens, 1),
-                global_num_seqs=len(samples),
+                global_num_tokens=max(global_num_tokens, 1),
+                global_num_seqs=max(global_num_seqs, 1),
             )
             total.backward()
             w = metrics.get("num_tokens", 0.0)
@@ -378,23 +469,53 @@ class Actor:
                     sums[k] = sums.get(k, 0.0) + v
                 elif k not in ("num_tokens", "num_seqs", "ratio_min", "ratio_max"):
                     weighted[k] = weighted.get(k, 0.0) + v * w
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), st.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # DTensor (FSDP2): the global norm, replicated
+            grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        out = dict(sums)
-        out.update({k: v / weight_total for k, v in weighted.items()} if weight_total > 0 else {})
+        sum_keys, weighted_keys = sorted(sums), sorted(weighted)
+        reduced = self._all_reduce_sum(
+            [sums[k] for k in sum_keys]
+            + [weighted[k] for k in weighted_keys]
+            + [weight_total, float(computed_total), float(real_total), float(num_tokens)]
+        )
+        out = dict(zip(sum_keys, reduced[: len(sum_keys)]))
+        weight_total, computed_total, real_total, total_tokens = reduced[-4:]
+        reduced_weighted = reduced[len(sum_keys) : len(sum_keys) + len(weighted_keys)]
+        if weight_total > 0:
+            out.update({k: v / weight_total for k, v in zip(weighted_keys, reduced_weighted)})
         out.update(
             grad_norm=float(grad_norm),
             num_micro_batches=float(len(bins)),
-            num_tokens=float(num_tokens),
+            num_tokens=total_tokens,
             padding_frac=(computed_total - real_total) / computed_total if computed_total else 0.0,
         )
         return out
 
+    def close(self) -> None:
+        """Release the one-process group this actor made for FSDP2 (offload on one rank), if any."""
+        if self._own_group:
+            from grpo_pilot.engine.sharding import release_process_group
+
+            release_process_group()
+            self._own_group = False
+
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """{"model": ..., "optimizer": ...}: plain tensors on one unsharded rank, DTensor shards when sharded."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        if not self.sharded:
+            return {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
+        model, optim = get_state_dict(self.policy, self.optimizer)
+        return {"model": model, "optimizer": optim}
 
     def load_state_dict(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
-        self.policy.load_state_dict(model)
-        self.optimizer.load_state_dict(optimizer)
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        if not self.sharded:
+            self.policy.load_state_dict(model)
+            self.optimizer.load_state_dict(optimizer)
+            return
+        set_state_dict(self.policy, self.optimizer, model_state_dict=model, optim_state_dict=optimizer)

@@ -1,26 +1,31 @@
-"""Assemble everything a GRPO step needs from a plan and a run config (`build_engine`).
+"""Assemble a run from a plan and a run config (`build_engine`): validate, then start the workers.
 
-All input validation happens here, before any training: the dataset (every record rendered and
+All input validation happens here, before any worker starts: the dataset (every record rendered and
 tokenised, each prompt between 1 and the plan's prompt_len_tokens), the reward spec, the sampling
 cap against the plan's response length, the KL setting against the plan (a KL loss needs the
-reference model the plan budgeted), the token budgets against the longest sequence, the device.
+reference model the plan budgeted), the token budgets against the longest sequence, the device, and
+what the engine cannot execute (Ulysses sequence parallelism, hf rollout with tensor parallelism,
+a placement the workers cannot form). The driver keeps the data, sampler and reward; the workers
+(engine/worker.py, engine/workers.py) get a `WorkerSetup` and build the model, actor and rollout.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from grpo_pilot.engine.actor import Actor, LossSettings
+from grpo_pilot.engine.actor import LossSettings
 from grpo_pilot.engine.data import PromptSampler, PromptSet, load_prompts, render_prompt
-from grpo_pilot.engine.model_factory import build_model, build_tokenizer
-from grpo_pilot.engine.profiling import PhaseProfiler
+from grpo_pilot.engine.model_factory import build_tokenizer
 from grpo_pilot.engine.rewards import RewardSettings, build_reward
-from grpo_pilot.engine.rollout import RolloutBackend, SamplingConfig, build_rollout
+from grpo_pilot.engine.rollout import SamplingConfig
 from grpo_pilot.engine.run_config import RunConfig
+from grpo_pilot.engine.settings import ActorSettings
+from grpo_pilot.engine.topology import Topology, topology_for
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.plan import Plan
 
@@ -29,7 +34,8 @@ VERL_KL_LOSS_COEF = 0.001  # verl actor.kl_loss_coef default (trainer/config/act
 
 @dataclass
 class Engine:
-    """The assembled run: what `grpo_step` reads. `prompt_ids[i]` is record i rendered and tokenised."""
+    """The assembled run, the driver's side: what `grpo_step` reads. `prompt_ids[i]` is record i rendered
+    and tokenised; `group` runs the model work (one in-process worker, or Ray actors)."""
 
     plan: Plan
     config: RunConfig
@@ -38,15 +44,17 @@ class Engine:
     prompt_ids: list[list[int]]
     sampler: PromptSampler
     reward: Any
-    actor: Actor
-    rollout: RolloutBackend
-    profiler: PhaseProfiler
+    group: Any
     loss: LossSettings
     sampling: SamplingConfig
     n: int
     prompts_per_step: int
     mini_batch_prompts: int
     ppo_epochs: int
+
+    @property
+    def topology(self) -> Topology:
+        return self.group.topology
 
 
 def model_source(plan: Plan, plan_path: str | Path | None) -> str:
@@ -55,11 +63,11 @@ def model_source(plan: Plan, plan_path: str | Path | None) -> str:
     requested = plan.model.requested
     for candidate in (Path(requested), Path(plan.model.resolved)):
         if candidate.exists():
-            return str(candidate)
+            return str(candidate.resolve())  # absolute: workers may run in another directory (or node)
     if plan_path is not None:
         beside = Path(plan_path).parent / requested
         if beside.exists():
-            return str(beside)
+            return str(beside.resolve())
     return plan.model.resolved
 
 
@@ -78,8 +86,8 @@ def tokenize_prompts(prompts: PromptSet, tokenizer: Any, max_tokens: int) -> lis
         ids = list(tokenizer(render_prompt(rec, tokenizer), add_special_tokens=False)["input_ids"])
         if not 1 <= len(ids) <= max_tokens:
             raise InputError(
-                f"{prompts.source}:{rec.line}: the prompt has {len(ids)} tokens; "
-                f"the plan allows 1 to {max_tokens} (prompt_len_tokens).",
+                f"{prompts.source}:{rec.line}: the prompt has {len(ids)} tokens; the plan allows 1 to {max_tokens} "
+                "(prompt_len_tokens).",
                 "Shorten or drop that record, or re-plan with a larger --prompt-len.",
             )
         out.append(ids)
@@ -97,6 +105,24 @@ def _check_budgets(plan: Plan, longest: int) -> None:
                 f"The plan's {name} = {budget} is below the longest sequence ({longest} tokens = prompt + response).",
                 f"Re-plan (or --pin {name}={longest} or more).",
             )
+
+
+def _check_executable(plan: Plan, backend: str) -> Topology:
+    """What this engine cannot run is refused before any worker starts; returns the plan's workers."""
+    k = plan.knobs
+    if k.ulysses_sp > 1:
+        raise InputError(
+            f"The plan uses Ulysses sequence parallelism (ulysses_sp={k.ulysses_sp}); grpo-run does not implement "
+            "it (it needs all-to-all attention over the training ranks and a sequence-split loss).",
+            "Re-plan with --pin ulysses_sp=1 (a smaller token budget per GPU, gradient checkpointing or offload "
+            "instead), or export the plan to verl (grpo-plan --emit verl), which has it.",
+        )
+    if backend == "hf" and k.rollout_tp != 1:
+        raise InputError(
+            f"The hf rollout backend generates on one device per worker; the plan asks for rollout_tp={k.rollout_tp}.",
+            "Use --backend vllm, or re-plan with --pin rollout_tp=1.",
+        )
+    return topology_for(plan)
 
 
 def resolve_loss(plan: Plan, cfg: RunConfig, max_new_tokens: int) -> LossSettings:
@@ -121,8 +147,35 @@ def resolve_loss(plan: Plan, cfg: RunConfig, max_new_tokens: int) -> LossSetting
     )
 
 
-def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = None) -> Engine:
-    """Validate inputs, then build tokenizer, prompts, reward, policy/actor and rollout backend."""
+def actor_settings(plan: Plan, cfg: RunConfig, loss: LossSettings) -> ActorSettings:
+    """The actor's resolved settings: the plan's knobs, the run's optimizer and temperature."""
+    return ActorSettings.from_knobs(
+        plan.knobs,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.adam_beta1,
+        adam_beta2=cfg.adam_beta2,
+        max_grad_norm=cfg.max_grad_norm,
+        temperature=cfg.temperature,
+        with_ref=loss.kl_coef > 0,
+        share_prompts=cfg.share_prompts,
+    )
+
+
+def worker_threads(cfg: RunConfig, topology: Topology, device: torch.device) -> int | None:
+    """torch threads per worker: the run's setting, else (CPU, several workers) the node's cores shared out."""
+    if cfg.threads is not None or device.type == "cuda" or topology.num_workers == 1:
+        return cfg.threads
+    return max(1, (os.cpu_count() or 1) // topology.workers_per_node)
+
+
+def build_engine(
+    plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = None, address: str | None = None
+) -> Engine:
+    """Validate inputs, build tokenizer, prompts, reward and sampler, then start the workers."""
+    from grpo_pilot.engine.worker import RolloutSettings, WorkerSetup
+    from grpo_pilot.engine.workers import WorkerGroup
+
     w, k = plan.workload, plan.knobs
     max_new = cfg.max_new_tokens or w.response_len_tokens
     if max_new > w.response_len_tokens:
@@ -139,6 +192,7 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
     _check_budgets(plan, w.prompt_len_tokens + max_new)
     loss = resolve_loss(plan, cfg, max_new)
     backend = cfg.rollout_backend or k.rollout_backend
+    topology = _check_executable(plan, backend)
     device = pick_device(cfg.device)
 
     source = model_source(plan, plan_path)
@@ -157,20 +211,6 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
     reward = build_reward(cfg.reward, tokenizer=tokenizer, settings=settings)
     reward.check_records(prompts.records)  # e.g. exact_match needs an answer on every record: fail before training
 
-    vocab = plan.model.spec.vocab_size
-    policy = build_model(source, seed=cfg.seed, vocab_size=len(tokenizer) if len(tokenizer) > vocab else None)
-    actor = Actor(
-        policy,
-        device=device,
-        knobs=k,
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        max_grad_norm=cfg.max_grad_norm,
-        temperature=cfg.temperature,
-        with_ref=loss.kl_coef > 0,
-        share_prompts=cfg.share_prompts,
-    )
     kv_bytes = None
     if backend == "vllm" and device.type == "cpu" and plan.kv_cache_tokens_per_gpu > 0:
         from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
@@ -179,20 +219,31 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
         kv_bytes = plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(
             spec.num_layers, spec.num_kv_heads, spec.head_dim, 1, 4
         )
-    rollout = build_rollout(
-        backend,
-        actor.policy,
-        tokenizer,
-        max_model_len=w.prompt_len_tokens + max_new,
-        gpu_memory_utilization=k.gpu_memory_utilization,
-        tensor_parallel_size=k.rollout_tp,
-        max_num_seqs=k.max_num_seqs,
-        max_num_batched_tokens=k.max_num_batched_tokens,
-        enforce_eager=k.enforce_eager,
-        kv_cache_bytes=kv_bytes,
+    vocab = plan.model.spec.vocab_size
+    setup = WorkerSetup(
+        model_source=source,
+        vocab_size=len(tokenizer) if len(tokenizer) > vocab else None,
         seed=cfg.seed,
-        workdir=Path(cfg.output_dir) / "rollout_model",
+        device=cfg.device,
+        threads=worker_threads(cfg, topology, device),
+        cpu_memory=cfg.cpu_memory,
+        memory_cap_bytes=cfg.memory_cap_bytes,
+        actor=actor_settings(plan, cfg, loss),
+        rollout=RolloutSettings(
+            backend=backend,
+            max_model_len=w.prompt_len_tokens + max_new,
+            gpu_memory_utilization=k.gpu_memory_utilization,
+            tensor_parallel_size=k.rollout_tp,
+            max_num_seqs=k.max_num_seqs,
+            max_num_batched_tokens=k.max_num_batched_tokens,
+            enforce_eager=k.enforce_eager,
+            kv_cache_bytes=kv_bytes,
+            seed=cfg.seed,
+        ),
+        topology=topology,
+        workdir=str(Path(cfg.output_dir) / "workers"),
     )
+    group = WorkerGroup.start(setup, address=address)
     return Engine(
         plan=plan,
         config=cfg,
@@ -201,9 +252,7 @@ def build_engine(plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = N
         prompt_ids=prompt_ids,
         sampler=PromptSampler(len(prompts.records), w.prompts_per_step, cfg.seed),
         reward=reward,
-        actor=actor,
-        rollout=rollout,
-        profiler=PhaseProfiler(str(device), cpu_memory=cfg.cpu_memory),
+        group=group,
         loss=loss,
         sampling=SamplingConfig(
             temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new, stop=cfg.stop, seed=cfg.seed

@@ -1,14 +1,17 @@
 """Atomic checkpoints of a run, and RNG capture/restore, so a killed run resumes exactly.
 
 Layout: `<output_dir>/checkpoints/step-000010/` holding
-- `model.pt` (policy state dict), `optimizer.pt` (AdamW state dict),
-- `rng.pt` (python `random`, numpy, torch CPU and every CUDA device generator),
-- `state.json` (step, sampler position, config hash, byte length of metrics.jsonl at that step).
-A checkpoint is written into `checkpoints/.tmp-step-000010-<pid>/`, every file fsynced, and then
-renamed to its final name (an atomic directory rename on POSIX), so a directory named `step-*` is
-always complete; a kill -9 leaves at most a `.tmp-*` directory, which the next save removes.
+- `actor/` — the training ranks' model and optimizer shards (torch.distributed.checkpoint, written by
+  the workers: engine/dist_checkpoint.py), and `rng-worker-<i>.pt` for every worker;
+- `rng.pt` (the driver's python `random`, numpy, torch CPU and every CUDA device generator),
+- `state.json` (step, sampler position, config hash, byte lengths of metrics.jsonl and lengths.jsonl).
+A checkpoint is written into `checkpoints/.tmp-step-000010-<pid>/` (`begin_checkpoint`: the workers
+write their parts there), every file fsynced, and then renamed to its final name (`finish_checkpoint`,
+an atomic directory rename on POSIX), so a directory named `step-*` is always complete; a kill -9 (of
+the driver or of any worker) leaves at most a `.tmp-*` directory, which the next save removes.
 The reference model is not saved: it is the initial policy, rebuilt from the same seed or weights
-(the config hash covers both).
+(the config hash covers both). Single-process checkpoints of earlier versions (`model.pt`,
+`optimizer.pt`) are still read (engine/dist_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -30,12 +33,10 @@ PREFIX = "step-"
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A loaded checkpoint (tensors are on CPU)."""
+    """A checkpoint directory and its state.json; the actor's tensors stay on disk until workers load them."""
 
     path: Path
     step: int
-    model: dict[str, Any]
-    optimizer: dict[str, Any]
     rng: dict[str, Any]
     state: dict[str, Any]
 
@@ -89,36 +90,38 @@ def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save_checkpoint(
-    output_dir: str | Path,
-    *,
-    step: int,
-    model_state: dict[str, Any],
-    optimizer_state: dict[str, Any],
-    state: dict[str, Any],
-    keep: int = 2,
-) -> Path:
-    """Write checkpoint `step` atomically, then delete all but the newest `keep` ones."""
-    import torch
-
+def begin_checkpoint(output_dir: str | Path, step: int) -> Path:
+    """A fresh temporary directory for checkpoint `step` (stale ones from killed saves removed first)."""
     root = Path(output_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    final = root / f"{PREFIX}{step:06d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    tmp = root / f".tmp-{PREFIX}{step:06d}-{os.getpid()}"
     tmp.mkdir()
-    payloads = {"model.pt": model_state, "optimizer.pt": optimizer_state, "rng.pt": capture_rng()}
-    for name, obj in payloads.items():
-        with open(tmp / name, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+    return tmp
+
+
+def _fsync_tree(path: Path) -> None:
+    for sub in sorted(path.rglob("*"), reverse=True):
+        if sub.is_file():
+            with open(sub, "rb") as handle:
+                os.fsync(handle.fileno())
+        else:
+            _fsync_dir(sub)
+    _fsync_dir(path)
+
+
+def finish_checkpoint(output_dir: str | Path, tmp: Path, *, step: int, state: dict[str, Any], keep: int = 2) -> Path:
+    """Add the driver's RNG and state.json to `tmp`, fsync, rename it to `step-NNNNNN`, keep the newest `keep`."""
+    import torch
+
+    root = Path(output_dir) / CKPT_DIR
+    with open(tmp / "rng.pt", "wb") as handle:
+        torch.save(capture_rng(), handle)
     with open(tmp / "state.json", "w") as handle:
         json.dump({"step": step, **state}, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    _fsync_dir(tmp)
+    _fsync_tree(tmp)
+    final = root / f"{PREFIX}{step:06d}"
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
@@ -139,21 +142,19 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read one checkpoint directory (CPU tensors)."""
+    """Read one checkpoint directory's state and driver RNG (the actor's tensors are the workers' to load)."""
     import torch
 
     p = Path(path)
     state = _read_state(p)
     try:
-        model = torch.load(p / "model.pt", map_location="cpu", weights_only=True)
-        optimizer = torch.load(p / "optimizer.pt", map_location="cpu", weights_only=True)
         rng = torch.load(p / "rng.pt", map_location="cpu", weights_only=False)  # python/numpy RNG states: our own file
     except (OSError, pickle.UnpicklingError, RuntimeError, EOFError) as exc:
         raise RunError(
             f"Checkpoint '{p}' cannot be read ({exc}).",
             "Delete that directory to resume from the previous checkpoint, or start a new run.",
         ) from None
-    return Checkpoint(path=p, step=int(state["step"]), model=model, optimizer=optimizer, rng=rng, state=state)
+    return Checkpoint(path=p, step=int(state["step"]), rng=rng, state=state)
 
 
 def latest_checkpoint(output_dir: str | Path, *, config_hash: str) -> Checkpoint | None:
@@ -165,7 +166,9 @@ def latest_checkpoint(output_dir: str | Path, *, config_hash: str) -> Checkpoint
     saved = _read_state(path).get("config_hash")
     if saved != config_hash:
         raise InputError(
-            f"The checkpoint in '{path}' was written with a different plan or run config (hash {saved}, now {config_hash}).",
-            "Resume with the same plan.json and settings (steps, output_dir and checkpoint_every may change), or use another --out.",
+            f"The checkpoint in '{path}' was written with a different plan or run config (hash {saved}, now "
+            f"{config_hash}).",
+            "Resume with the same plan.json and settings (steps, output_dir and checkpoint_every may change), or "
+            "use another --out.",
         )
     return load_checkpoint(path)

@@ -1,16 +1,20 @@
-"""The GRPO step loop: `run(plan, config)` executes a plan and profiles every phase.
+"""The GRPO step loop: `run(plan, config)` executes a plan on its workers and profiles every phase.
 
-One step (`grpo_step`, read it top to bottom):
-  1. weight sync   — the rollout engine gets the policy's current weights (no-op for `hf`);
-  2. rollout       — prompts × n completions (group-contiguous rows);
-  3. reward        — the reward model scores them (+ DAPO soft overlong penalty);
+One step (`grpo_step`, read it top to bottom; `eng.group` fans the model work out to the workers):
+  1. weight sync   — every rollout engine gets the policy's current weights (no-op for `hf` on one worker);
+  2. rollout       — prompts × n completions (group-contiguous rows), split over the rollout replicas;
+  3. reward        — the reward model scores them (+ DAPO soft overlong penalty), on the driver;
      DAPO dynamic sampling: groups whose rewards are all equal are dropped and new prompts are
      drawn, at most `max_refill_rounds` extra rounds; the kept groups are cut to prompts_per_step;
   4. advantages    — group-normalised (GRPO) or as configured;
   5. log-probs     — old policy (only when the batch is split into > 1 mini-batch or epoch; else
      on-policy: the update detaches its own log-probs) and the reference (only with a KL loss);
-  6. update        — mini-batches × epochs, each one AdamW step over token-budget micro-batches;
-  7. metrics       — metrics.jsonl, the live display, and a checkpoint every N steps.
+  6. update        — mini-batches × epochs, each one AdamW step over token-budget micro-batches,
+     each mini-batch split over the training ranks;
+  7. metrics       — metrics.jsonl, lengths.jsonl, the live display, and a checkpoint every N steps.
+
+`run` itself: the run directory (engine/run_dir.py), start or resume, the loop, failure.json on a
+failure (engine/failures.py), then profile.json with the plan-mismatch notes (engine/notes.py).
 
 Sampling seeds: step s, refill round r draws with seed hash(seed, s, r), so a resumed run samples
 exactly what the uninterrupted one would have.
@@ -27,17 +31,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo_pilot.atomic import atomic_write_text
 from grpo_pilot.engine.actor import Sample
-from grpo_pilot.engine.assemble import Engine, build_engine
 from grpo_pilot.engine.algos.advantages import compute_advantages
 from grpo_pilot.engine.algos.dapo import overlong_penalty, zero_variance_groups
-from grpo_pilot.engine.checkpoint import latest_checkpoint, list_checkpoints, restore_rng, save_checkpoint
-from grpo_pilot.engine.metrics import LiveDisplay, MetricsLog
-from grpo_pilot.engine.profiling import PhaseSample, RunProfile, build_profile, write_profile_json
+from grpo_pilot.engine.assemble import Engine, build_engine
+from grpo_pilot.engine.checkpoint import begin_checkpoint, finish_checkpoint, latest_checkpoint, restore_rng
+from grpo_pilot.engine.failures import CrashError, failure_record
+from grpo_pilot.engine.metrics import LiveDisplay
+from grpo_pilot.engine.notes import run_notes
+from grpo_pilot.engine.profiling import (
+    PhaseSample,
+    RunProfile,
+    aggregate_phases,
+    build_profile,
+    rank_profile,
+    write_profile_json,
+)
 from grpo_pilot.engine.run_config import RunConfig
-from grpo_pilot.errors import InputError, RunError
-from grpo_pilot.planner.config import old_logprob_pass_needed
+from grpo_pilot.engine.run_dir import RunDirectory
+from grpo_pilot.errors import GrpoPilotError, InputError
 from grpo_pilot.planner.plan import Plan
 
 
@@ -55,24 +67,37 @@ class StepBatch:
     prompt_indices: list[int] = field(default_factory=list)  # every prompt drawn, in order (dropped ones too)
     all_rewards: list[float] = field(default_factory=list)  # every generated sample's reward
     all_lengths: list[int] = field(default_factory=list)
+    all_prompt_lengths: list[int] = field(default_factory=list)
     all_truncated: list[bool] = field(default_factory=list)
     reward_parts: dict[str, list[float]] = field(default_factory=dict)
     rounds: int = 0
     dropped_groups: int = 0
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """What one GRPO step produced: its metrics.jsonl record, lengths.jsonl records and profile samples."""
+
+    record: dict[str, Any]
+    lengths: list[dict[str, int]]
+    phases: dict[str, PhaseSample]  # aggregated over workers
+    worker_phases: list[dict[str, PhaseSample]]  # by worker index
+    wall_s: float
+    trained_tokens: int
+
+
 def collect_batch(eng: Engine, step: int) -> StepBatch:
     """Rollout + reward rounds until prompts_per_step informative groups (or the refill cap)."""
-    cfg, n, prof = eng.config, eng.n, eng.profiler
+    cfg, n, group = eng.config, eng.n, eng.group
     batch = StepBatch()
     kept_groups = 0
     for round_ in range(1 + (cfg.max_refill_rounds if cfg.dynamic_sampling else 0)):
         drawn = eng.sampler.next_batch()
         rows = [i for i in drawn for _ in range(n)]
         sampling = eng.sampling.model_copy(update={"seed": sampling_seed(cfg.seed, step, round_)})
-        with prof.phase("rollout"):
-            gens = eng.rollout.generate([eng.prompt_ids[i] for i in rows], sampling)
-        with prof.phase("reward"):
+        with group.phase("rollout"):
+            gens = group.generate([eng.prompt_ids[i] for i in rows], sampling)
+        with group.phase("reward", driver_work=True):
             result = eng.reward.score(
                 [g.text for g in gens], [eng.prompts.records[i] for i in rows], num_tokens=[g.num_tokens for g in gens]
             )
@@ -89,6 +114,7 @@ def collect_batch(eng: Engine, step: int) -> StepBatch:
         batch.prompt_indices += drawn
         batch.all_rewards += rewards.tolist()
         batch.all_lengths += lengths.tolist()
+        batch.all_prompt_lengths += [len(eng.prompt_ids[i]) for i in rows]
         batch.all_truncated += [g.finish_reason == "length" for g in gens]
         for name, values in result.parts.items():
             batch.reward_parts.setdefault(name, []).extend(values)
@@ -106,8 +132,8 @@ def collect_batch(eng: Engine, step: int) -> StepBatch:
                 batch.rewards.append(float(rewards[row]))
         if kept_groups == eng.prompts_per_step:
             break
-    with prof.phase("rollout"):
-        eng.rollout.sleep()
+    with group.phase("rollout"):
+        group.sleep_rollout()
     return batch
 
 
@@ -115,16 +141,15 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def grpo_step(eng: Engine, step: int) -> tuple[dict[str, Any], dict[str, PhaseSample], float, int]:
-    """One GRPO step; returns (metrics record, phase samples, step wall s, trained tokens)."""
-    prof, actor, cfg, n = eng.profiler, eng.actor, eng.config, eng.n
-    prof.begin_step()
+def grpo_step(eng: Engine, step: int) -> StepResult:
+    """One GRPO step (module docstring)."""
+    group, cfg, n = eng.group, eng.config, eng.n
+    group.begin_step(step)
     t0 = time.perf_counter()
 
-    # 1. weight sync: the rollout engine must generate with the weights the last update produced
-    with prof.phase("weight_sync"):
-        eng.rollout.wake()
-        eng.rollout.sync_weights(actor.policy)
+    # 1. weight sync: the rollout engines must generate with the weights the last update produced
+    with group.phase("weight_sync"):
+        group.sync_weights()
 
     # 2 + 3. rollout and rewards (DAPO dynamic sampling refills dropped groups)
     batch = collect_batch(eng, step)
@@ -144,28 +169,29 @@ def grpo_step(eng: Engine, step: int) -> tuple[dict[str, Any], dict[str, PhaseSa
         list(range(g * n, min(g + groups_per_mb, num_groups) * n)) for g in range(0, num_groups, groups_per_mb)
     ]
     off_policy = len(mini_batches) * eng.ppo_epochs > 1
-    with prof.phase("log_prob"):
-        old = actor.log_probs(samples) if off_policy and samples else None
-        ref = actor.log_probs(samples, ref=True) if eng.loss.kl_coef > 0 and samples else None
+    with group.phase("log_prob"):
+        old = group.log_probs(samples) if off_policy and samples else None
+        ref = group.log_probs(samples, ref=True) if eng.loss.kl_coef > 0 and samples else None
 
     # 6. update: epochs × mini-batches, one optimizer step each
     updates: list[dict[str, float]] = []
-    with prof.phase("update"):
+    with group.phase("update"):
         for _ in range(eng.ppo_epochs):
             for mb in mini_batches:
                 updates.append(
-                    actor.update(
+                    group.update(
                         [samples[i] for i in mb],
                         advantages[mb],
                         eng.loss,
-                        old_logprobs=[old[i] for i in mb] if old is not None else None,
-                        ref_logprobs=[ref[i] for i in mb] if ref is not None else None,
+                        old=[old[i] for i in mb] if old is not None else None,
+                        ref=[ref[i] for i in mb] if ref is not None else None,
                     )
                 )
 
     # 7. metrics
     wall = time.perf_counter() - t0
-    phases = prof.end_step()
+    worker_phases, driver_walls = group.end_step()
+    phases = aggregate_phases(worker_phases, driver_walls)
     trained_tokens = sum(s.num_tokens for s in samples) * eng.ppo_epochs
     keys = sorted({k for u in updates for k in u})
     record: dict[str, Any] = {
@@ -182,7 +208,7 @@ def grpo_step(eng: Engine, step: int) -> tuple[dict[str, Any], dict[str, PhaseSa
         "truncated_frac": _mean([float(x) for x in batch.all_truncated]),
         **{k: _mean([u[k] for u in updates if k in u]) for k in keys},
         "num_updates": len(updates),
-        "lr": actor.optimizer.param_groups[0]["lr"],
+        "lr": cfg.lr,
         "trained_tokens": trained_tokens,
         "tokens_per_s": trained_tokens / wall if wall > 0 else None,
         "step_s": wall,
@@ -190,7 +216,11 @@ def grpo_step(eng: Engine, step: int) -> tuple[dict[str, Any], dict[str, PhaseSa
         "phase_peak_bytes": {k: v.peak_bytes for k, v in phases.items()},
         "phase_rss_peak_bytes": {k: v.rss_peak_bytes for k, v in phases.items()},
     }
-    return record, phases, wall, trained_tokens
+    lengths = [
+        {"step": step, "prompt_tokens": p, "response_tokens": r}
+        for p, r in zip(batch.all_prompt_lengths, batch.all_lengths)
+    ]
+    return StepResult(record, lengths, phases, worker_phases, wall, trained_tokens)
 
 
 @dataclass(frozen=True)
@@ -208,100 +238,125 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _checkpoint(eng: Engine, rd: RunDirectory, step: int, state: dict[str, Any]) -> None:
+    """Workers write their parts into a temporary directory; the driver completes and renames it."""
+    tmp = begin_checkpoint(rd.path, step)
+    eng.group.save_state(str(tmp))
+    finish_checkpoint(rd.path, tmp, step=step, state=state, keep=eng.config.keep_checkpoints)
+
+
 def run(
-    plan: Plan, config: RunConfig, *, plan_path: str | Path | None = None, quiet: bool = False, console: Any = None
+    plan: Plan,
+    config: RunConfig,
+    *,
+    plan_path: str | Path | None = None,
+    quiet: bool = False,
+    console: Any = None,
+    address: str | None = None,
 ) -> RunResult:
-    """Execute `plan` with `config`; writes metrics.jsonl, checkpoints and profile.json under output_dir."""
-    out = Path(config.output_dir)
-    log = MetricsLog(out / "metrics.jsonl")
+    """Execute `plan` with `config`; writes metrics.jsonl, lengths.jsonl, checkpoints and profile.json under
+    output_dir, and failure.json when the run fails. `address`: a Ray cluster to join ("auto", "HOST:PORT");
+    None starts a local one when the plan has several workers."""
+    rd = RunDirectory(config.output_dir)
     config_hash = config.hash(plan.model_dump_json())
-    if not config.resume and (log.size() > 0 or list_checkpoints(out)):
-        raise InputError(
-            f"'{out}' already holds a run (metrics.jsonl or checkpoints).",
-            "Add --resume to continue it, or choose another --out.",
-        )
+    rd.check_start(resume=config.resume)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    ckpt = latest_checkpoint(out, config_hash=config_hash) if config.resume else None
+    ckpt = latest_checkpoint(rd.path, config_hash=config_hash) if config.resume else None
     _seed_everything(config.seed)
-    eng = build_engine(plan, config, plan_path=plan_path)
-    start_step = 0
-    if ckpt is not None:
-        eng.actor.load_state_dict(ckpt.model, ckpt.optimizer)
-        eng.sampler.load_state_dict(ckpt.state["sampler"])
-        restore_rng(ckpt.rng)
-        log.truncate(int(ckpt.state["metrics_bytes"]))
-        start_step = ckpt.step
-    elif config.resume:
-        log.truncate(0)  # nothing was checkpointed: every logged step will be redone
-    atomic_write_text(out / "run_config.json", config.model_dump_json(indent=2) + "\n")
-
-    done: list[tuple[int, dict[str, PhaseSample], float, float]] = []
-    lengths: list[float] = []
-    record: dict[str, Any] | None = None
-    eng.profiler.start()
-    step = start_step
+    rd.clear_failure()
+    step: int | None = None
+    phase: str | None = "start"
     try:
+        eng = build_engine(plan, config, plan_path=plan_path, address=address)
+    except InputError:
+        raise
+    except GrpoPilotError as exc:
+        rd.write_failure(failure_record(exc, phase=phase))
+        raise
+    done: list[StepResult] = []
+    start_step = 0
+    try:
+        rd.write_workers(eng.group.infos)
+        if ckpt is not None:
+            eng.group.load_state(str(ckpt.path))
+            eng.sampler.load_state_dict(ckpt.state["sampler"])
+            restore_rng(ckpt.rng)
+            start_step = ckpt.step
+        if config.resume:
+            rd.rewind(ckpt.state if ckpt is not None else None, start_step)
+        rd.write_json("run_config.json", config.model_dump_json(indent=2) + "\n")
+        phase = None
         with LiveDisplay(config.steps, start_step=start_step, console=console, quiet=quiet) as live:
             for step in range(start_step + 1, config.steps + 1):
-                record, phases, wall, tokens = grpo_step(eng, step)
-                size = log.append(record)
-                live.update(record)
-                done.append((step, phases, wall, float(tokens)))
-                if record["response_len_mean"] is not None:
-                    lengths.append(record["response_len_mean"])
+                result = grpo_step(eng, step)
+                rd.lengths.append_many(result.lengths)
+                size = rd.metrics.append(result.record)
+                live.update(result.record)
+                done.append(result)
                 if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
-                    state = eng.actor.state_dict()
-                    save_checkpoint(
-                        out,
-                        step=step,
-                        model_state=state["model"],
-                        optimizer_state=state["optimizer"],
-                        keep=config.keep_checkpoints,
-                        state={"sampler": eng.sampler.state_dict(), "config_hash": config_hash, "metrics_bytes": size},
-                    )
-    except torch.OutOfMemoryError as exc:
-        raise RunError(
-            f"Out of device memory in the {eng.profiler.active or 'step'} phase of step {step} ({str(exc).splitlines()[0]}).",
-            "The plan underestimated this phase: re-plan with less headroom for it (smaller token budgets, offload, "
-            "gradient checkpointing) and compare profile.json of a shorter run.",
-        ) from None
+                    state = {
+                        "sampler": eng.sampler.state_dict(),
+                        "config_hash": config_hash,
+                        "metrics_bytes": size,
+                        "lengths_bytes": rd.lengths.size(),
+                    }
+                    _checkpoint(eng, rd, step, state)
+        shared = eng.group.shared_forwards()
+    except InputError:
+        raise
+    except GrpoPilotError as exc:
+        rd.write_failure(failure_record(exc, phase=eng.group.current_phase or phase, step=step))
+        raise
+    except Exception as exc:  # a bug on the driver's side: recorded like any failure, reported in one paragraph
+        failure = failure_record(exc, phase=eng.group.current_phase or phase, step=step)
+        rd.write_failure(failure)
+        raise CrashError(
+            f"The run crashed in step {step}: {failure.message}",
+            "This is a bug; failure.json records it.",
+            phase=failure.phase,
+            step=step,
+        ) from exc
     finally:
-        eng.profiler.close()
-        eng.rollout.close()
-    notes = tuple(f"knob {k} is not applied by the single-process engine" for k in eng.actor.unapplied_knobs)
-    if eng.rollout.name != plan.knobs.rollout_backend:
-        notes += (
-            f"rollout backend '{eng.rollout.name}' is not the plan's '{plan.knobs.rollout_backend}': predictions assume the plan's",
-        )
+        eng.group.close()
+    return _finish(plan, eng, rd, done, start_step, shared)
+
+
+def _finish(
+    plan: Plan, eng: Engine, rd: RunDirectory, done: list[StepResult], start_step: int, shared: int
+) -> RunResult:
+    """profile.json (per worker and aggregated, with the plan-mismatch notes) and the run's result."""
+    topo = eng.topology
     engine_old_pass = -(-eng.prompts_per_step // eng.mini_batch_prompts) * eng.ppo_epochs > 1
-    if old_logprob_pass_needed(plan.workload, plan.target) != engine_old_pass:
-        notes += (
-            f"log_prob: this run {'runs' if engine_old_pass else 'skips'} the old-policy pass; the plan (target {plan.target}, "
-            f"its workload) {'skips' if engine_old_pass else 'counts'} it",
-        )
-    if eng.actor.shared_forwards:
-        notes += (
-            f"update/log_prob: {eng.actor.shared_forwards} micro-batches computed each distinct prompt once (shared-prompt forward); "
-            "the plan's time and activation figures assume every sequence computes its prompt, so they bound these phases from above",
-        )
-    if done and len(done) == 1:
-        notes += ("only one step ran in this process: its numbers include warm-up",)
+    rollout = eng.group.setup.rollout
+    hf_replica = rollout.backend == "hf" and (topo.num_workers > 1 or eng.group.setup.actor.offload)
+    notes = run_notes(
+        plan,
+        rollout_backend=rollout.backend,
+        engine_old_pass=engine_old_pass,
+        shared_forwards=shared,
+        steps_run=len(done),
+        hf_replica=hf_replica,
+    )
+    infos = eng.group.infos
+    ranks = tuple(rank_profile(i.label, i.device, [r.worker_phases[i.index] for r in done]) for i in infos)
+    lengths = [r.record["response_len_mean"] for r in done if r.record["response_len_mean"] is not None]
     profile = build_profile(
         plan,
-        done,
-        device=str(eng.actor.device),
-        memory_source=eng.profiler.memory_source,
-        rss_source=eng.profiler.rss_source,
-        mean_response_tokens=_mean(lengths),
+        [(r.record["step"], r.phases, r.wall_s, float(r.trained_tokens)) for r in done],
+        device=infos[0].device if len({i.device for i in infos}) == 1 else ", ".join(i.device for i in infos),
+        memory_source=infos[0].memory_source,
+        rss_source=infos[0].rss_source,
+        mean_response_tokens=float(np.mean(lengths)) if lengths else None,
         notes=notes,
+        ranks=ranks,
     )
     if done:  # a resume with nothing left to do keeps the previous profile.json
-        write_profile_json(out / "profile.json", profile)
+        write_profile_json(rd.path / "profile.json", profile)
     return RunResult(
-        output_dir=out,
+        output_dir=rd.path,
         start_step=start_step,
-        last_step=done[-1][0] if done else start_step,
+        last_step=done[-1].record["step"] if done else start_step,
         profile=profile,
-        last_record=record,
+        last_record=done[-1].record if done else None,
     )

@@ -48,11 +48,16 @@ class MetricsLog:
 
     def append(self, record: dict[str, Any]) -> int:
         """Write one record as one line; returns the file size afterwards (bytes)."""
-        line = (json.dumps(_clean(record), sort_keys=True, allow_nan=False) + "\n").encode()
+        return self.append_many([record])
+
+    def append_many(self, records: list[dict[str, Any]]) -> int:
+        """Write records as lines with one `os.write` (all or, if killed, a cut last line); returns the size."""
+        data = "".join(json.dumps(_clean(r), sort_keys=True, allow_nan=False) + "\n" for r in records).encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)
-            os.fsync(fd)
+            if data:
+                os.write(fd, data)
+                os.fsync(fd)
             return os.fstat(fd).st_size
         finally:
             os.close(fd)

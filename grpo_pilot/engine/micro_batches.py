@@ -106,3 +106,23 @@ def split_by_padding(indices: Sequence[int], lengths: Sequence[int]) -> list[lis
         parts.append(list(indices[points[cut[b]] : points[b]]))
         b = cut[b]
     return parts[::-1]
+
+
+def equalise_bins(bins: Sequence[Sequence[int]], count: int, lengths: Sequence[int]) -> list[list[int]]:
+    """`bins` grown to exactly `count` micro-batches (count ≥ len(bins)): the bin of the largest padded size
+    (rows × its longest length) with more than one sequence is halved (first half longer, order kept)
+    until there are `count` bins or none can be split; then empty bins are appended (a rank runs a
+    zero-weight dummy for each). Every rank of an FSDP2 group must run the same number of forwards.
+    """
+    out = [list(b) for b in bins]
+    if count < len(out):
+        raise ValueError(f"cannot shrink {len(out)} micro-batches to {count}")
+    while len(out) < count:
+        splittable = [i for i, b in enumerate(out) if len(b) > 1]
+        if not splittable:
+            break
+        i = max(splittable, key=lambda k: (len(out[k]) * max(lengths[j] for j in out[k]), -k))
+        b = out.pop(i)
+        half = (len(b) + 1) // 2
+        out[i:i] = [b[:half], b[half:]]
+    return out + [[] for _ in range(count - len(out))]

@@ -213,9 +213,22 @@ def _generic_tokenizer_json(directory: Path) -> bool:
 
 
 def save_model_dir(net: Any, tokenizer: Any, directory: str | Path) -> Path:
-    """Write config, weights and tokenizer to `directory` (what vLLM needs to start)."""
+    """Write config, weights and tokenizer to `directory` (what vLLM needs to start).
+
+    In a torch.distributed process transformers' `save_pretrained` writes only on global rank 0, but every
+    worker starts its own engine from its own directory: there the weights are written directly
+    (safetensors, tied tensors once, as transformers does).
+    """
+    import torch.distributed as dist
+
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    net.save_pretrained(str(out))
+    if dist.is_initialized():
+        from safetensors.torch import save_model
+
+        net.config.save_pretrained(str(out))
+        save_model(net, str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        net.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     return out

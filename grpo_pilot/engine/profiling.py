@@ -14,6 +14,16 @@ Peak memory, by device, always labelled with where it comes from:
 - cpu, always: process peak RSS of the phase (Linux `VmHWM` after resetting it through
   `/proc/self/clear_refs`; lifetime `ru_maxrss` where that file cannot be written) — includes the
   interpreter and libraries, so it is an upper bound, never compared with the plan's tensor bytes.
+
+Every worker profiles its own phases (engine/worker.py); the driver times each phase end to end and
+the reward phase, which it runs itself. profile.json's `phases` aggregate over workers (time: the
+slowest worker's, or the driver's where no worker ran the phase; memory: the largest peak) and
+`ranks` keeps each worker's own figures.
+
+Memory cap (`memory_cap_bytes`, per worker): on CUDA `torch.cuda.set_per_process_memory_fraction`
+makes the allocator fail past it; on CPU the tensor tracker raises `torch.OutOfMemoryError` as soon as
+the live tensor bytes exceed it (the tracker is then on even with cpu_memory = "rss"). Either way
+the worker turns it into an `OutOfMemoryRunError` naming itself, the phase and the step.
 """
 
 from __future__ import annotations
@@ -49,12 +59,16 @@ def _tensor_tracker_class() -> type:
     from torch.utils.weak import WeakIdKeyDictionary
 
     class LiveTensorBytes(TorchDispatchMode):
-        """Live bytes of distinct CPU/GPU storages; `peak_bytes` since the last `reset_peak()`."""
+        """Live bytes of distinct CPU/GPU storages; `peak_bytes` since the last `reset_peak()`.
 
-        def __init__(self) -> None:
+        With `cap_bytes`, an op whose outputs take the live bytes past it raises `torch.OutOfMemoryError`.
+        """
+
+        def __init__(self, cap_bytes: int | None = None) -> None:
             super().__init__()
             self.live_bytes = 0
             self.peak_bytes = 0
+            self.cap_bytes = cap_bytes
             self._seen: Any = WeakIdKeyDictionary()
 
         def _free(self, nbytes: int) -> None:
@@ -102,6 +116,10 @@ def _tensor_tracker_class() -> type:
             for leaf in tree_flatten(out)[0]:
                 if isinstance(leaf, torch.Tensor):
                     self.track(leaf)
+            if self.cap_bytes is not None and self.live_bytes > self.cap_bytes:
+                raise torch.OutOfMemoryError(
+                    f"{self.live_bytes} bytes of live tensors exceed memory_cap_bytes = {self.cap_bytes} ({func})"
+                )
             return out
 
     return LiveTensorBytes
@@ -156,12 +174,13 @@ class PhaseProfiler:
     Call `start()` once before the loop (installs the CPU tracker), `close()` at the end.
     """
 
-    def __init__(self, device: str, *, cpu_memory: str = "tensors") -> None:
+    def __init__(self, device: str, *, cpu_memory: str = "tensors", memory_cap_bytes: int | None = None) -> None:
         self.device = device
         self.is_cuda = device.startswith("cuda")
+        self.memory_cap_bytes = memory_cap_bytes
         self._tracker: Any = None
         self._rss = None if self.is_cuda else _Rss()
-        self._want_tensors = cpu_memory == "tensors" and not self.is_cuda
+        self._want_tensors = (cpu_memory == "tensors" or memory_cap_bytes is not None) and not self.is_cuda
         self.current: dict[str, PhaseSample] = {}
         self.active: str | None = None  # the phase running now (for error messages)
         if self.is_cuda:
@@ -173,8 +192,13 @@ class PhaseProfiler:
         self.rss_source = self._rss.source if self._rss else None
 
     def start(self) -> None:
+        if self.is_cuda and self.memory_cap_bytes is not None:
+            import torch
+
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.memory_cap_bytes / total), self.device)
         if self._want_tensors and self._tracker is None:
-            self._tracker = _tensor_tracker_class()()
+            self._tracker = _tensor_tracker_class()(cap_bytes=self.memory_cap_bytes)
             self._tracker.track_existing()
             self._tracker.__enter__()
 
@@ -261,6 +285,14 @@ class PhaseComparison(Frozen):
     )
 
 
+class RankProfile(Frozen):
+    """One worker's measured phases (medians of the same steps; peaks are maxima)."""
+
+    worker: str = Field(description="As in workers.json and error messages, e.g. 'worker 1 (trainer+rollout)'.")
+    device: str
+    phases: dict[str, PhaseComparison] = Field(description="Only the measured fields; the phases it ran.")
+
+
 class RunProfile(Frozen):
     """The content of profile.json."""
 
@@ -282,6 +314,10 @@ class RunProfile(Frozen):
         default=None, description="Measured; the plan assumes response_len_tokens for every response."
     )
     plan_response_len_tokens: int | None = None
+    num_workers: int = Field(default=1, ge=1, description="Worker processes (ranks) that ran the steps.")
+    ranks: tuple[RankProfile, ...] = Field(
+        default=(), description="Each worker's own phases (phases above: slowest time, largest peak over these)."
+    )
     notes: tuple[str, ...] = ()
 
 
@@ -299,6 +335,50 @@ def _rel(measured: float | None, predicted: float | None) -> float | None:
     return measured / predicted - 1.0
 
 
+def aggregate_phases(
+    worker_phases: list[dict[str, PhaseSample]], driver_walls: dict[str, float]
+) -> dict[str, PhaseSample]:
+    """One step over all workers: per phase the slowest worker's time (the driver's own where no worker
+    ran the phase, e.g. reward) and the largest peaks (None when no worker measured one)."""
+
+    def top(values: list[int | None]) -> int | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    out: dict[str, PhaseSample] = {}
+    for name in RUN_PHASES:
+        ran = [w[name] for w in worker_phases if name in w]
+        if not ran and name not in driver_walls:
+            continue
+        out[name] = PhaseSample(
+            wall_s=max(x.wall_s for x in ran) if ran else driver_walls[name],
+            peak_bytes=top([x.peak_bytes for x in ran]),
+            rss_peak_bytes=top([x.rss_peak_bytes for x in ran]),
+        )
+    return out
+
+
+def _measured(samples: list[PhaseSample]) -> PhaseComparison:
+    peaks = [x.peak_bytes for x in samples if x.peak_bytes is not None]
+    rss = [x.rss_peak_bytes for x in samples if x.rss_peak_bytes is not None]
+    return PhaseComparison(
+        measured_wall_s=_median([x.wall_s for x in samples]),
+        measured_peak_bytes=max(peaks) if peaks else None,
+        measured_rss_peak_bytes=max(rss) if rss else None,
+    )
+
+
+def rank_profile(worker: str, device: str, steps: list[dict[str, PhaseSample]]) -> RankProfile:
+    """One worker's phases over its steps (the first one, warm-up, left out when there are more)."""
+    measured = steps[1:] if len(steps) > 1 else steps
+    phases = {
+        name: _measured([s[name] for s in measured if name in s])
+        for name in RUN_PHASES
+        if any(name in s for s in measured)
+    }
+    return RankProfile(worker=worker, device=device, phases=phases)
+
+
 def build_profile(
     plan: Any,
     steps: list[tuple[int, dict[str, PhaseSample], float, float]],
@@ -308,8 +388,10 @@ def build_profile(
     rss_source: str | None = None,
     mean_response_tokens: float | None = None,
     notes: tuple[str, ...] = (),
+    ranks: tuple[RankProfile, ...] = (),
 ) -> RunProfile:
-    """Pure: `steps` = [(step, phase samples, step wall s, trained tokens)] of this process, in order.
+    """Pure: `steps` = [(step, phase samples aggregated over workers, step wall s, trained tokens)] of this
+    process, in order; `ranks` = each worker's own profile (`rank_profile`).
 
     Times are medians over every step but the first (warm-up: allocator growth, lazy init, first
     optimizer state); with a single step that step is used. Peaks are maxima over the same steps.
@@ -320,26 +402,22 @@ def build_profile(
     measured = steps[1:] if len(steps) > 1 else steps
     phases: dict[str, PhaseComparison] = {}
     for name in RUN_PHASES:
-        samples = [s[1][name] for s in measured if name in s[1]]
-        wall = _median([x.wall_s for x in samples])
-        peaks = [x.peak_bytes for x in samples if x.peak_bytes is not None]
-        rss = [x.rss_peak_bytes for x in samples if x.rss_peak_bytes is not None]
+        got = _measured([s[1][name] for s in measured if name in s[1]])
         mem = plan.phases.get(name)
         pred_tensor = (
             sum(v for k, v in mem.items.items() if not k.startswith(OVERHEAD_PREFIX)) if mem is not None else None
         )
         pred_wall = plan.phase_times_s.get(name)
-        peak = max(peaks) if peaks else None
-        phases[name] = PhaseComparison(
-            measured_wall_s=wall,
-            predicted_wall_s=pred_wall,
-            time_rel_error=_rel(wall, pred_wall),
-            measured_peak_bytes=peak,
-            predicted_tensor_bytes=pred_tensor,
-            predicted_total_bytes=mem.total_bytes if mem is not None else None,
-            memory_rel_error=_rel(peak, pred_tensor),
-            measured_rss_peak_bytes=max(rss) if rss else None,
-            rss_rel_error=_rel(max(rss) if rss else None, mem.total_bytes if mem is not None else None),
+        pred_total = mem.total_bytes if mem is not None else None
+        phases[name] = got.model_copy(
+            update={
+                "predicted_wall_s": pred_wall,
+                "time_rel_error": _rel(got.measured_wall_s, pred_wall),
+                "predicted_tensor_bytes": pred_tensor,
+                "predicted_total_bytes": pred_total,
+                "memory_rel_error": _rel(got.measured_peak_bytes, pred_tensor),
+                "rss_rel_error": _rel(got.measured_rss_peak_bytes, pred_total),
+            }
         )
     step_wall = _median([s[2] for s in measured])
     tps = _median([s[3] / s[2] for s in measured if s[2] > 0])
@@ -359,5 +437,7 @@ def build_profile(
         predicted_tokens_per_s=plan.tokens_per_s,
         mean_response_tokens=mean_response_tokens,
         plan_response_len_tokens=plan.workload.response_len_tokens,
+        num_workers=max(1, len(ranks)),
+        ranks=ranks,
         notes=notes,
     )

@@ -41,6 +41,7 @@ NOT_HASHED: frozenset[str] = frozenset(
         "share_prompts",
         "user_code_timeout_s",
         "allow_unsandboxed_code",
+        "memory_cap_bytes",
     }
 )
 
@@ -147,6 +148,12 @@ class RunConfig(Frozen):
     cpu_memory: Literal["tensors", "rss"] = Field(
         default="tensors",
         description="CPU peak memory per phase: live tensor bytes (dispatch tracker) or process RSS only.",
+    )
+    memory_cap_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Per-worker memory cap: CUDA allocator fraction, or live tensor bytes on CPU; past it the run "
+        "fails with an out-of-memory error (failure.json kind 'oom').",
     )
 
     def hash(self, plan_json: str) -> str:

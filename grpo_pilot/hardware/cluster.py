@@ -1,7 +1,9 @@
 """`Cluster`: nodes × GPUs per node of one GPU model, parsed from strings like `8xA100-80G`.
 
 Accepted forms (case-insensitive): `8xA100-80G` (one node of 8), `8xH100` (default variant),
-`2x8xH100-80G` (2 nodes × 8), `16xH20` (more than 8 ⇒ nodes of 8), `1xcpu` (local CPU runs).
+`2x8xH100-80G` (2 nodes × 8), `16xH20` (more than 8 ⇒ nodes of 8), `Nxcpu` (N CPU worker processes on
+this machine: `1xcpu` is one local process, `2xcpu` two workers over gloo — how CI and laptops run the
+multi-worker engine).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ DEFAULT_GPUS_PER_NODE = 8
 # DGX H100 2 TB; 1 TiB is the conservative common value for 8-GPU cloud nodes.
 DEFAULT_HOST_RAM_BYTES = 1024 * GiB
 
-ACCEPTED_FORMS = "GPUSxNAME (8xA100-80G, 8xH100, 16xH20) or NODESxGPUSxNAME (2x8xH100-80G); 1xcpu for this machine"
+ACCEPTED_FORMS = (
+    "GPUSxNAME (8xA100-80G, 8xH100, 16xH20) or NODESxGPUSxNAME (2x8xH100-80G); Nxcpu for N CPU workers on this machine"
+)
 
 
 class Cluster(Frozen):
@@ -71,13 +75,16 @@ def parse_cluster(text: str, host_ram_bytes_per_node: int | None = None) -> Clus
         if count % DEFAULT_GPUS_PER_NODE:
             raise InputError(
                 f"{count} GPUs do not split into nodes of {DEFAULT_GPUS_PER_NODE}.",
-                f"Say the layout explicitly, e.g. {count // _largest_divisor(count)}x{_largest_divisor(count)}x{gpu.name}.",
+                f"Say the layout explicitly, e.g. "
+                f"{count // _largest_divisor(count)}x{_largest_divisor(count)}x{gpu.name}.",
             )
         num_nodes, per_node = count // DEFAULT_GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE
     else:
         num_nodes, per_node = 1, count
-    if gpu.is_cpu and (num_nodes, per_node) != (1, 1):
-        raise InputError(f"'{text}': the cpu pseudo-device is one local process.", "Use 1xcpu.")
+    if gpu.is_cpu and num_nodes != 1:
+        raise InputError(
+            f"'{text}': cpu workers run on this one machine.", "Use Nxcpu (e.g. 2xcpu for two worker processes)."
+        )
     host = host_ram_bytes_per_node or (gpu.memory_bytes if gpu.is_cpu else DEFAULT_HOST_RAM_BYTES)
     return Cluster(gpu=gpu, num_nodes=num_nodes, gpus_per_node=per_node, host_ram_bytes_per_node=host)
 

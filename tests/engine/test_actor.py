@@ -12,7 +12,7 @@ import grpo_pilot.engine.actor as actor_module
 from grpo_pilot.engine.actor import Actor, LossSettings, Sample, micro_batch_layout, pad_rows
 from grpo_pilot.engine.micro_batches import plan_micro_batches, split_by_padding
 from grpo_pilot.engine.model_factory import build_model
-from grpo_pilot.planner.config import Knobs
+from grpo_pilot.engine.settings import ActorSettings
 from tiny_models import update_capturing_grads
 
 torch.set_num_threads(1)
@@ -30,14 +30,11 @@ def make_samples(seed: int = 0, num: int = 12) -> list[Sample]:
     return out
 
 
-def make_actor(knobs: Knobs, *, with_ref: bool = False, seed: int = 0) -> Actor:
+def make_actor(settings: ActorSettings, *, with_ref: bool = False, seed: int = 0) -> Actor:
     return Actor(
         build_model(TINY, seed=seed),
         device=torch.device("cpu"),
-        knobs=knobs,
-        lr=1e-3,
-        max_grad_norm=1e9,
-        with_ref=with_ref,
+        settings=settings.model_copy(update={"lr": 1e-3, "max_grad_norm": 1e9, "with_ref": with_ref}),
     )
 
 
@@ -117,9 +114,9 @@ def layout(request, monkeypatch):
 @pytest.mark.parametrize("fused", [False, True])
 def test_logprobs_equal_one_sequence_at_a_time(layout, fused):
     actor = make_actor(
-        Knobs(
-            max_token_len_per_gpu=40,
-            log_prob_max_token_len_per_gpu=40,
+        ActorSettings(
+            max_token_len=40,
+            log_prob_max_token_len=40,
             fused_logprob=fused,
             gradient_checkpointing=False,
         )
@@ -143,7 +140,7 @@ def test_padded_rows_reach_attention_without_a_mask(monkeypatch):
         return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
 
     monkeypatch.setattr(sdpa.torch.nn.functional, "scaled_dot_product_attention", spy)
-    actor = make_actor(Knobs(micro_batch_size_per_gpu=4, gradient_checkpointing=False))
+    actor = make_actor(ActorSettings(micro_batch_size=4, gradient_checkpointing=False))
     samples = make_samples(8, num=4)
     m = actor.update(samples, torch.linspace(-1, 1, 4), LossSettings())
     width = max(s.num_tokens for s in samples) - 1  # the last token is not fed
@@ -153,9 +150,9 @@ def test_padded_rows_reach_attention_without_a_mask(monkeypatch):
     assert m["num_micro_batches"] == 1.0 and m["padding_frac"] == pytest.approx((4 * width - fed) / (4 * width))
 
 
-def _update_once(knobs: Knobs, samples, adv, loss, **kw):
+def _update_once(settings: ActorSettings, samples, adv, loss, **kw):
     """One update; returns (actor, the accumulated gradients seen by the optimizer, metrics)."""
-    actor = make_actor(knobs, **kw)
+    actor = make_actor(settings, **kw)
     grads, metrics = update_capturing_grads(actor, samples, adv, loss)
     return actor, grads, metrics
 
@@ -165,14 +162,14 @@ def test_gradient_accumulation_is_exact_across_micro_batch_layouts(mode, monkeyp
     samples = make_samples(1)
     adv = torch.linspace(-1.5, 2.0, len(samples))
     loss = LossSettings(loss_agg_mode=mode, loss_scale_len=10)
-    one = dict(log_prob_max_token_len_per_gpu=4096, gradient_checkpointing=False)
+    one = dict(log_prob_max_token_len=4096, gradient_checkpointing=False)
     _, g_split, m_split = _update_once(
-        Knobs(max_token_len_per_gpu=4096, **one), samples, adv, loss
+        ActorSettings(max_token_len=4096, **one), samples, adv, loss
     )  # padded, cut by padding
-    _, g_budget, m_budget = _update_once(Knobs(max_token_len_per_gpu=20, **one), samples, adv, loss)
-    _, g_fixed, m_fixed = _update_once(Knobs(micro_batch_size_per_gpu=2, **one), samples, adv, loss)
+    _, g_budget, m_budget = _update_once(ActorSettings(max_token_len=20, **one), samples, adv, loss)
+    _, g_fixed, m_fixed = _update_once(ActorSettings(micro_batch_size=2, **one), samples, adv, loss)
     monkeypatch.setattr(actor_module, "micro_batch_layout", lambda model: "packed")
-    _, g_whole, m_whole = _update_once(Knobs(max_token_len_per_gpu=4096, **one), samples, adv, loss)  # ONE packed row
+    _, g_whole, m_whole = _update_once(ActorSettings(max_token_len=4096, **one), samples, adv, loss)  # ONE packed row
     assert m_whole["num_micro_batches"] == 1 and m_whole["padding_frac"] == 0.0
     assert m_split["num_micro_batches"] > 1 and m_budget["num_micro_batches"] > 3 and m_fixed["num_micro_batches"] == 6
     width = max(s.num_tokens for s in samples) - 1
@@ -191,7 +188,7 @@ def test_gradient_accumulation_is_exact_across_micro_batch_layouts(mode, monkeyp
 def test_on_policy_loss_value_is_minus_mean_advantage_and_weights_move():
     samples = make_samples(2)
     adv = torch.linspace(-1.0, 1.0, len(samples))  # token-mean of adv != 0 because lengths differ
-    actor = make_actor(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False))
+    actor = make_actor(ActorSettings(max_token_len=64, gradient_checkpointing=False))
     before = copy.deepcopy(actor.policy.state_dict())
     m = actor.update(samples, adv, LossSettings())
     lens = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
@@ -206,11 +203,11 @@ def test_fused_and_checkpointed_updates_match_plain():
     samples = make_samples(3)
     adv = torch.linspace(-1.0, 1.0, len(samples))
     loss = LossSettings(loss_agg_mode="seq-mean-token-mean")
-    _, _, plain = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, loss)
+    _, _, plain = _update_once(ActorSettings(max_token_len=64, gradient_checkpointing=False), samples, adv, loss)
     _, _, fused = _update_once(
-        Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False, fused_logprob=True), samples, adv, loss
+        ActorSettings(max_token_len=64, gradient_checkpointing=False, fused_logprob=True), samples, adv, loss
     )
-    _, _, ckpt = _update_once(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=True), samples, adv, loss)
+    _, _, ckpt = _update_once(ActorSettings(max_token_len=64, gradient_checkpointing=True), samples, adv, loss)
     for m in (fused, ckpt):
         assert m["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
         assert m["entropy"] == pytest.approx(plain["entropy"], rel=1e-4)
@@ -218,7 +215,7 @@ def test_fused_and_checkpointed_updates_match_plain():
 
 def test_reference_model_is_frozen_initial_policy_and_kl_appears_after_an_update():
     samples = make_samples(4)
-    actor = make_actor(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), with_ref=True)
+    actor = make_actor(ActorSettings(max_token_len=64, gradient_checkpointing=False), with_ref=True)
     ref0 = actor.log_probs(samples, ref=True)
     pol0 = actor.log_probs(samples)
     for r, p in zip(ref0, pol0):
@@ -239,10 +236,10 @@ def test_truncated_samples_get_no_gradient_with_mask_truncated():
     samples = [Sample(s.prompt_ids, s.response_ids, truncated=True) for s in make_samples(5)]
     adv = torch.linspace(-1.0, 1.0, len(samples))
     _, _, masked = _update_once(
-        Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, LossSettings(mask_truncated=True)
+        ActorSettings(max_token_len=64, gradient_checkpointing=False), samples, adv, LossSettings(mask_truncated=True)
     )
     _, _, kept = _update_once(
-        Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), samples, adv, LossSettings(mask_truncated=False)
+        ActorSettings(max_token_len=64, gradient_checkpointing=False), samples, adv, LossSettings(mask_truncated=False)
     )
     assert masked["grad_norm"] == 0.0 and masked["num_tokens"] == 0
     assert kept["grad_norm"] > 0
@@ -250,7 +247,7 @@ def test_truncated_samples_get_no_gradient_with_mask_truncated():
 
 def test_off_policy_old_logprobs_give_ratio_away_from_one():
     samples = make_samples(6)
-    actor = make_actor(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False))
+    actor = make_actor(ActorSettings(max_token_len=64, gradient_checkpointing=False))
     old = [lp - 0.5 for lp in actor.log_probs(samples)]  # pretend the behaviour policy was less likely
     m = actor.update(samples, torch.ones(len(samples)), LossSettings(clip_high=0.2, clip_c=None), old_logprobs=old)
     assert m["ratio_mean"] == pytest.approx(float(torch.exp(torch.tensor(0.5))), rel=1e-4)
@@ -260,10 +257,10 @@ def test_off_policy_old_logprobs_give_ratio_away_from_one():
 
 def test_state_dict_roundtrip_restores_policy_and_optimizer():
     samples = make_samples(7)
-    a = make_actor(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False))
+    a = make_actor(ActorSettings(max_token_len=64, gradient_checkpointing=False))
     a.update(samples, torch.linspace(-1, 1, len(samples)), LossSettings())
     state = copy.deepcopy(a.state_dict())
-    b = make_actor(Knobs(max_token_len_per_gpu=64, gradient_checkpointing=False), seed=9)
+    b = make_actor(ActorSettings(max_token_len=64, gradient_checkpointing=False), seed=9)
     b.load_state_dict(state["model"], state["optimizer"])
     adv = torch.linspace(1, -1, len(samples))
     ma, mb = a.update(samples, adv, LossSettings()), b.update(samples, adv, LossSettings())

@@ -47,6 +47,70 @@ def test_token_logprobs_gradient_is_onehot_minus_softmax():
     torch.testing.assert_close(logits.grad, expected, rtol=0, atol=1e-12)
 
 
+def _plain_chain(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The textbook autograd chain the lean path replaces: log_softmax + gather, softmax entropy."""
+    scaled = logits.to(F64 if logits.dtype == F64 else torch.float32) / temperature
+    lsm = torch.log_softmax(scaled, dim=-1)
+    return lsm.gather(-1, ids.unsqueeze(-1)).squeeze(-1), -(lsm.exp() * lsm).sum(dim=-1)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 64])
+def test_lean_unfused_path_equals_the_plain_autograd_chain(monkeypatch, chunk_rows):
+    import grpo_pilot.engine.algos.logprobs as logprobs_module
+
+    vocab = 11
+    monkeypatch.setattr(logprobs_module, "UNFUSED_CHUNK_ELEMENTS", chunk_rows * vocab)  # 1, 3 or all rows per chunk
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(2, 5, vocab, generator=gen, dtype=F64)
+    ids = torch.randint(0, vocab, (2, 5), generator=gen)
+    coef_lp, coef_h = torch.randn(2, 5, generator=gen, dtype=F64), torch.randn(2, 5, generator=gen, dtype=F64)
+
+    def run(lean: bool):
+        logits = base.clone().requires_grad_(True)
+        if lean:
+            lp, ent = token_logprobs(logits, ids, temperature=0.7), entropy_from_logits(logits, temperature=0.7)
+        else:
+            lp, ent = _plain_chain(logits, ids, 0.7)
+        ((coef_lp * lp).sum() + (coef_h * ent).sum()).backward()
+        return lp.detach(), ent.detach(), logits.grad
+
+    for got, want in zip(run(True), run(False)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    # log-prob gradient alone (the update without an entropy bonus): the in-place branch
+    logits = base.clone().requires_grad_(True)
+    (coef_lp * token_logprobs(logits, ids, temperature=0.7)).sum().backward()
+    plain = base.clone().requires_grad_(True)
+    (coef_lp * _plain_chain(plain, ids, 0.7)[0]).sum().backward()
+    torch.testing.assert_close(logits.grad, plain.grad, rtol=0, atol=1e-12)
+
+
+def test_lean_unfused_path_bf16_gradient_stays_in_the_logits_dtype():
+    logits = torch.randn(6, 9).to(torch.bfloat16).requires_grad_(True)
+    ids = torch.randint(0, 9, (6,))
+    token_logprobs(logits, ids).sum().backward()
+    plain = logits.detach().clone().requires_grad_(True)
+    _plain_chain(plain, ids, 1.0)[0].sum().backward()
+    assert logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.grad, plain.grad, rtol=1e-2, atol=1e-2)
+
+
+def test_lean_unfused_backward_holds_no_float32_copy_of_the_logits(monkeypatch):
+    import grpo_pilot.engine.algos.logprobs as logprobs_module
+
+    num_tokens, vocab, chunk_rows = 64, 50, 8
+    monkeypatch.setattr(logprobs_module, "UNFUSED_CHUNK_ELEMENTS", chunk_rows * vocab)
+    logits = torch.randn(num_tokens, vocab).to(torch.bfloat16).requires_grad_(True)
+    ids = torch.randint(0, vocab, (num_tokens,))
+    with _LargestTensor(dtype=torch.float32) as tracker:
+        lp = token_logprobs(logits, ids)
+        ent = entropy_from_logits(logits)
+        (lp.sum() + ent.sum()).backward()
+    assert tracker.max_numel <= chunk_rows * vocab  # every float32 buffer is one chunk; gradients stay bf16
+    with _LargestTensor(dtype=torch.float32) as plain:
+        _plain_chain(logits.detach().clone().requires_grad_(True), ids, 1.0)[0].sum().backward()
+    assert plain.max_numel >= num_tokens * vocab  # the chain it replaces keeps a float32 [T, V] copy
+
+
 def test_entropy_closed_forms():
     uniform = torch.zeros(2, 8)
     assert entropy_from_logits(uniform).tolist() == pytest.approx([math.log(8)] * 2, abs=1e-6)
@@ -141,16 +205,17 @@ def test_chunked_ignores_autocast_and_casts_hidden_to_the_head_dtype():
 
 
 class _LargestTensor(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an op produces."""
+    """Records the largest number of elements of any tensor an op produces (of `dtype`, when given)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.max_numel = 0
+        self.dtype = dtype
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
+            if isinstance(leaf, torch.Tensor) and (self.dtype is None or leaf.dtype == self.dtype):
                 self.max_numel = max(self.max_numel, leaf.numel())
         return out
 

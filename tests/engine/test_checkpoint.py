@@ -9,23 +9,24 @@ import pytest
 import torch
 
 from grpo_pilot.engine.checkpoint import (
+    begin_checkpoint,
     capture_rng,
+    finish_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     restore_rng,
-    save_checkpoint,
 )
 from grpo_pilot.errors import InputError, RunError
 
 
 def _save(tmp_path, step, **kw):
-    model = {"w": torch.full((3,), float(step))}
-    return save_checkpoint(
+    tmp = begin_checkpoint(tmp_path, step)
+    torch.save({"w": torch.full((3,), float(step))}, tmp / "part.pt")  # what the workers write (dist_checkpoint)
+    return finish_checkpoint(
         tmp_path,
+        tmp,
         step=step,
-        model_state=model,
-        optimizer_state={"state": {}, "param_groups": []},
         state={"config_hash": "abc", "sampler": {"epoch": 0, "position": step}, "metrics_bytes": 10 * step},
         **kw,
     )
@@ -36,9 +37,11 @@ def test_save_load_roundtrip_and_pruning(tmp_path):
         _save(tmp_path, step, keep=2)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [4, 6]
     ckpt = latest_checkpoint(tmp_path, config_hash="abc")
-    assert ckpt is not None and ckpt.step == 6
-    assert torch.equal(ckpt.model["w"], torch.full((3,), 6.0))
+    assert ckpt is not None and ckpt.step == 6 and ckpt.path.name == "step-000006"
+    assert torch.equal(torch.load(ckpt.path / "part.pt")["w"], torch.full((3,), 6.0))
     assert ckpt.state["sampler"]["position"] == 6 and ckpt.state["metrics_bytes"] == 60
+    assert set(ckpt.rng) >= {"python", "numpy", "torch"}
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
 
 
 def test_leftover_temp_dir_is_ignored_and_cleaned(tmp_path):
@@ -64,9 +67,12 @@ def test_no_checkpoint_gives_none(tmp_path):
 
 def test_damaged_checkpoint_is_a_run_error(tmp_path):
     path = _save(tmp_path, 2)
-    (path / "model.pt").write_bytes(b"not a torch file")
+    (path / "rng.pt").write_bytes(b"not a torch file")
     with pytest.raises(RunError, match="cannot be read"):
         load_checkpoint(path)
+    (path / "state.json").write_text("{")
+    with pytest.raises(RunError, match="cannot be read"):
+        latest_checkpoint(tmp_path, config_hash="abc")
 
 
 def test_rng_roundtrip_reproduces_every_generator():

@@ -1,4 +1,5 @@
-"""The step loop end to end on the tiny CPU example: metrics, profile.json, mini-batches/epochs/KL, DAPO refill, input checks."""
+"""The step loop end to end on the tiny CPU example: metrics, lengths, profile.json, mini-batches/epochs/KL, DAPO
+refill, input checks, failure.json."""
 
 from __future__ import annotations
 
@@ -59,10 +60,24 @@ def test_run_writes_metrics_profile_and_final_checkpoint(tmp_path):
         row = profile["phases"][phase]
         assert row["predicted_wall_s"] == plan.phase_times_s[phase]
         assert row["predicted_total_bytes"] == plan.phases[phase].total_bytes
-        assert row["measured_wall_s"] is not None and row["measured_peak_bytes"] > 0
+        assert row["measured_wall_s"] is not None
+        # one on-policy update: no log-prob pass ran, so no worker measured that phase's memory
+        assert (row["measured_peak_bytes"] is None) == (phase == "log_prob")
+        assert phase == "log_prob" or row["measured_peak_bytes"] > 0
+    (rank,) = profile["ranks"]
+    assert rank["worker"] == "worker 0 (trainer+rollout)" and profile["num_workers"] == 1
+    assert rank["phases"]["update"]["measured_peak_bytes"] == profile["phases"]["update"]["measured_peak_bytes"]
+    assert "log_prob" not in rank["phases"] and "reward" in rank["phases"]
     upd = profile["phases"]["update"]
     assert upd["memory_rel_error"] == pytest.approx(upd["measured_peak_bytes"] / upd["predicted_tensor_bytes"] - 1)
-    assert (tmp_path / "run" / "checkpoints" / "step-000003" / "model.pt").exists()
+    assert (tmp_path / "run" / "checkpoints" / "step-000003" / "actor" / ".metadata").exists()
+    lengths = [json.loads(line) for line in (tmp_path / "run" / "lengths.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lengths] == [s for s in (1, 2, 3) for _ in range(32)]  # 8 prompts x 4, each step
+    for r in rows:
+        mine = [x for x in lengths if x["step"] == r["step"]]
+        assert max(x["response_tokens"] for x in mine) == r["response_len_max"]
+        assert sum(x["response_tokens"] for x in mine) / len(mine) == pytest.approx(r["response_len_mean"])
+        assert all(1 <= x["prompt_tokens"] <= plan.workload.prompt_len_tokens for x in mine)
 
 
 def test_minibatches_epochs_and_kl_use_old_and_reference_logprobs(tmp_path):
@@ -160,3 +175,77 @@ def test_profile_notes_a_plan_that_predicts_a_different_old_logprob_pass(tmp_pat
     assert any(
         note.startswith("log_prob: this run skips the old-policy pass") and "target verl" in note for note in verl
     )
+
+
+def test_memory_cap_is_an_out_of_memory_failure_with_its_place(tmp_path):
+    from grpo_pilot.engine.failures import OutOfMemoryRunError
+
+    with pytest.raises(OutOfMemoryRunError) as info:
+        run(tiny_plan(), config(tmp_path, memory_cap_bytes=1 << 20), quiet=True)  # 1 MiB: not even the model fits
+    failure = json.loads((tmp_path / "run" / "failure.json").read_text())
+    assert failure == {
+        "kind": "oom",
+        "worker": "worker 0 (trainer+rollout)",
+        "phase": info.value.phase,
+        "step": 1,
+        "message": info.value.paragraph(),
+    }
+    assert info.value.phase in ("weight_sync", "rollout") and "memory_cap_bytes = 1048576" in info.value.message
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_metrics(tmp_path)
+
+
+def test_a_failing_reward_and_a_driver_bug_leave_failure_json(tmp_path, monkeypatch):
+    from grpo_pilot.engine import loop as loop_module
+    from grpo_pilot.engine.failures import CrashError
+    from grpo_pilot.errors import RunError
+
+    fn = tmp_path / "reward_fn.py"
+    fn.write_text(  # 32 completions per step: the 33rd call is in step 2
+        "calls = []\ndef score(completion, record):\n    calls.append(1)\n    assert len(calls) <= 32, 'step 2'\n"
+        "    return 0.0\n"
+    )
+    with pytest.raises(RunError, match="raised AssertionError"):
+        run(tiny_plan(), config(tmp_path, steps=3, reward=f"{fn}:score"), quiet=True)
+    failure = json.loads((tmp_path / "run" / "failure.json").read_text())
+    assert (failure["kind"], failure["worker"], failure["phase"], failure["step"]) == ("crash", None, "reward", 2)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug in the driver")
+
+    monkeypatch.setattr(loop_module, "compute_advantages", broken)
+    with pytest.raises(CrashError, match="ValueError: a bug in the driver"):
+        run(tiny_plan(), config(tmp_path / "other", steps=1), quiet=True)
+    failure = json.loads((tmp_path / "other" / "run" / "failure.json").read_text())
+    assert (failure["kind"], failure["step"]) == ("crash", 1)
+    monkeypatch.undo()
+    run(tiny_plan(), config(tmp_path / "other", steps=1, resume=True), quiet=True)  # a good start clears it
+    assert not (tmp_path / "other" / "run" / "failure.json").exists()
+
+
+def test_offload_on_one_worker_checkpoints_resumes_and_leaves_no_process_group(tmp_path):
+    import torch.distributed as dist
+
+    plan = tiny_plan()
+    plan = plan.model_copy(
+        update={"knobs": plan.knobs.model_copy(update={"param_offload": True, "optimizer_offload": True})}
+    )
+    run(plan, config(tmp_path / "a", steps=2, checkpoint_every=2), quiet=True)
+    assert not dist.is_initialized()  # the private one-process FSDP2 group is gone with the run
+    run(plan, config(tmp_path / "a", steps=4, checkpoint_every=2, resume=True), quiet=True)
+    plain = run(tiny_plan(), config(tmp_path / "b", steps=4, checkpoint_every=2), quiet=True)
+    got, want = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert [r["grad_norm"] for r in got] == pytest.approx([r["grad_norm"] for r in want], rel=1e-5)
+    assert [r["reward_mean"] for r in got] == [r["reward_mean"] for r in want]
+    assert not any("own copy" in n for n in plain.profile.notes)  # one unsharded worker generates on the policy
+
+
+def test_notes_say_when_the_run_offloads_more_than_the_plan():
+    from grpo_pilot.engine.notes import run_notes
+
+    plan = tiny_plan()
+    one = plan.model_copy(update={"knobs": plan.knobs.model_copy(update={"optimizer_offload": True})})
+    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3, hf_replica=False)
+    assert not any(n.startswith("offload:") for n in run_notes(plan, **kw))
+    (note,) = [n for n in run_notes(one, **kw) if n.startswith("offload:")]
+    assert "only optimizer_offload" in note and "all three" in note

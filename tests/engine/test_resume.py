@@ -82,3 +82,6 @@ def test_killed_run_resumes_without_losing_or_repeating_data(tmp_path):
     assert (
         json.loads((killed / "profile.json").read_text())["steps_run"] < STEPS
     )  # only the resumed steps ran in the last process
+    # every generated sample's lengths, once: the lines of the redone steps were cut back with the checkpoint
+    assert lines(killed / "lengths.jsonl") == lines(reference / "lengths.jsonl")
+    assert len(lines(killed / "lengths.jsonl")) == STEPS * 32

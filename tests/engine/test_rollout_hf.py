@@ -167,11 +167,8 @@ def test_factory_protocol_and_errors(model: torch.nn.Module, prompts: list[list[
     assert backend.generate([], GREEDY) == []
     with pytest.raises(InputError, match="over max_model_len=32"):
         backend.generate([[5] * 25], GREEDY)
-    other = tiny_qwen2(seed=1)
-    backend.sync_weights(other)  # a different module object: generation now uses it
-    assert [g.token_ids for g in backend.generate(prompts[:2], GREEDY)] == [
-        g.token_ids for g in HFRollout(other, TOK, max_model_len=32).generate(prompts[:2], GREEDY)
-    ]
+    assert backend.shares_policy  # generating on the policy itself: a sync has nothing to copy, takes nothing
+    backend.sync_weights(_explode())
     backend.sleep()
     backend.wake()
     assert isinstance(backend.generate(prompts[:1], GREEDY)[0], Generation)
@@ -184,6 +181,27 @@ def test_factory_protocol_and_errors(model: torch.nn.Module, prompts: list[list[
         build_rollout("sglang", model, TOK, max_model_len=32, gpu_memory_utilization=0.5)  # type: ignore[arg-type]
 
 
+def _explode():
+    raise AssertionError("the weights were read")
+    yield  # pragma: no cover
+
+
+def test_replica_sync_copies_every_named_weight_and_refuses_partial_syncs(prompts: list[list[int]]) -> None:
+    from grpo_pilot.engine.weight_sync import buckets, full_weights, stream
+
+    other = tiny_qwen2(seed=1)
+    replica = HFRollout(tiny_qwen2(seed=0), TOK, max_model_len=32, shares_policy=False)
+    want = [g.token_ids for g in HFRollout(other, TOK, max_model_len=32).generate(prompts[:2], GREEDY)]
+    assert [g.token_ids for g in replica.generate(prompts[:2], GREEDY)] != want
+    replica.sync_weights(stream(buckets(full_weights(other), 4096)))  # several small buckets
+    assert [g.token_ids for g in replica.generate(prompts[:2], GREEDY)] == want
+    some = [(n, t) for n, t in full_weights(other) if not n.endswith("lm_head.weight")]
+    with pytest.raises(RunError, match="stale"):
+        replica.sync_weights(some)
+    with pytest.raises(RunError, match="does not have"):
+        replica.sync_weights([("no.such.weight", torch.zeros(1))])
+
+
 def test_vllm_backend_errors_without_starting_an_engine(
     model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,7 +212,7 @@ def test_vllm_backend_errors_without_starting_an_engine(
         "VLLM_LOGGING_LEVEL",
     ):
         monkeypatch.delenv(key, raising=False)  # restored after the test
-    with pytest.raises(InputError, match="tensor_parallel_size=1; got 2"):
+    with pytest.raises(InputError, match="tensor_parallel_size=2 needs a group of workers"):
         build_rollout("vllm", model, TOK, max_model_len=32, gpu_memory_utilization=0.5, tensor_parallel_size=2)
     with pytest.raises(InputError, match="kv_cache_bytes=0"):
         build_rollout("vllm", model, TOK, max_model_len=32, gpu_memory_utilization=0.5, kv_cache_bytes=0)

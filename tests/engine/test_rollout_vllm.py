@@ -19,6 +19,7 @@ import torch
 from grpo_pilot.engine.model_factory import build_char_tokenizer
 from grpo_pilot.engine.rollout import RolloutBackend, SamplingConfig, build_rollout
 from grpo_pilot.engine.rollout.hf import HFRollout
+from grpo_pilot.engine.weight_sync import full_weights
 from grpo_pilot.errors import RunError
 
 pytestmark = [
@@ -152,7 +153,7 @@ def test_weight_sync_proof(
     assert hf_after != before, "the optimizer step must change the greedy outputs for the proof to mean anything"
     assert ids_of(backend.generate(prompts, GREEDY)) == before  # not yet synced: still the old weights
 
-    backend.sync_weights(policy)
+    backend.sync_weights(full_weights(policy))
     synced = ids_of(backend.generate(prompts, GREEDY))
     assert synced == hf_after
     assert synced[-1] == hf_after[-1]  # the prefix-cached prompt too (cache reset on sync)
@@ -196,26 +197,14 @@ def test_sleep_and_wake_are_noops_on_cpu(
     assert ids_of(backend.generate(prompts[:3], GREEDY)) == ids_of(hf.generate(prompts[:3], GREEDY))
 
 
-class _Without(torch.nn.Module):
-    """Exposes a policy's parameters except one name (a sync that would leave a layer stale)."""
-
-    def __init__(self, inner: torch.nn.Module, drop: str) -> None:
-        super().__init__()
-        self.inner, self.drop = inner, drop
-
-    def named_parameters(self, *args: object, **kwargs: object) -> Iterator[tuple[str, torch.nn.Parameter]]:  # type: ignore[override]
-        for name, p in self.inner.named_parameters(remove_duplicate=False):
-            if name != self.drop:
-                yield name, p
-
-
 def test_partial_sync_is_refused(
     engine: tuple[RolloutBackend, dict], policy: torch.nn.Module, hf: HFRollout, prompts: list[list[int]]
 ) -> None:
     backend, _ = engine
     with pytest.raises(RunError, match="old weights"):
-        backend.sync_weights(_Without(policy, "lm_head.weight"))  # tied: vLLM's lm_head would keep stale weights
-    backend.sync_weights(policy)
+        # tied: vLLM's lm_head would keep stale weights
+        backend.sync_weights([(n, t) for n, t in full_weights(policy) if n != "lm_head.weight"])
+    backend.sync_weights(full_weights(policy))
     assert ids_of(backend.generate(prompts, GREEDY)) == ids_of(hf.generate(prompts, GREEDY))
 
 
@@ -238,7 +227,7 @@ def test_untied_lm_head_syncs_and_close_releases_the_engine(
             net.lm_head.weight.mul_(-1.0)  # only the untied head changes: the sync must carry it
         after = ids_of(ref.generate(prompts, GREEDY))
         assert after != before
-        backend.sync_weights(net)
+        backend.sync_weights(full_weights(net))
         assert ids_of(backend.generate(prompts, GREEDY)) == after
     finally:
         backend.close()

@@ -7,7 +7,7 @@ import torch
 
 from grpo_pilot.engine.actor import Actor, LossSettings, Sample
 from grpo_pilot.engine.shared_prefix import prefix_batch, shared_prefix_unsupported
-from grpo_pilot.planner.config import Knobs
+from grpo_pilot.engine.settings import ActorSettings
 from tiny_models import VOCAB, tiny, update_capturing_grads
 
 torch.set_num_threads(1)
@@ -44,16 +44,16 @@ def test_prefix_batch_layout_by_hand():
 
 
 def _actor(model: torch.nn.Module, *, share: bool, ckpt: bool = False, with_ref: bool = False) -> Actor:
-    knobs = Knobs(max_token_len_per_gpu=4096, log_prob_max_token_len_per_gpu=4096, gradient_checkpointing=ckpt)
-    return Actor(
-        model,
-        device=torch.device("cpu"),
-        knobs=knobs,
+    settings = ActorSettings(
+        max_token_len=4096,
+        log_prob_max_token_len=4096,
+        gradient_checkpointing=ckpt,
         lr=1e-3,
         max_grad_norm=1e9,
         share_prompts=share,
         with_ref=with_ref,
     )
+    return Actor(model, device=torch.device("cpu"), settings=settings)
 
 
 def _update_grads(
@@ -69,7 +69,7 @@ def test_shared_forward_matches_the_plain_padded_forward(model_type, extra):
     samples = grouped_samples()
     loss = LossSettings(loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01)
     shared, plain = _actor(tiny(model_type, **extra), share=True), _actor(tiny(model_type, **extra), share=False)
-    assert shared._shares_prompts and not plain._shares_prompts
+    assert shared.prompt_sharing == ("policy",) and not plain.prompt_sharing
     for a, b in zip(shared.log_probs(samples), plain.log_probs(samples)):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
     after_log_probs = shared.shared_forwards
@@ -91,9 +91,7 @@ def test_padding_share_counts_shared_positions():
     actor = Actor(
         tiny("qwen2"),
         device=torch.device("cpu"),
-        knobs=Knobs(micro_batch_size_per_gpu=len(samples), gradient_checkpointing=False),
-        lr=1e-3,
-        share_prompts=True,
+        settings=ActorSettings(micro_batch_size=len(samples), gradient_checkpointing=False, lr=1e-3),
     )
     m = actor.update(samples, torch.linspace(-1.0, 1.0, len(samples)), LossSettings())
     b = prefix_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], torch.device("cpu"))
@@ -107,7 +105,7 @@ def test_checkpointed_and_reference_passes_share_too():
     loss = LossSettings(kl_coef=0.1)
     ckpt = _actor(tiny("qwen2"), share=True, ckpt=True, with_ref=True)
     plain = _actor(tiny("qwen2"), share=False, ckpt=True, with_ref=True)
-    assert len(ckpt._shares_prompts) == 2  # policy and reference
+    assert ckpt.prompt_sharing == ("policy", "ref")
     ref_shared, ref_plain = ckpt.log_probs(samples, ref=True), plain.log_probs(samples, ref=True)
     for a, b in zip(ref_shared, ref_plain):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
@@ -129,7 +127,7 @@ def test_distinct_prompts_and_unsupported_models_take_the_plain_path():
     assert "dropout" in str(shared_prefix_unsupported(tiny("qwen2", attention_dropout=0.1)))
     eager = _actor(tiny("qwen2", attn="eager"), share=True)
     eager.log_probs(grouped_samples())
-    assert not eager._shares_prompts and eager.shared_forwards == 0
+    assert not eager.prompt_sharing and eager.shared_forwards == 0
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])

@@ -39,22 +39,24 @@ def test_qwen25_7b_on_8xa100_model_states_are_16p_over_d(est) -> None:
 
 def test_logits_bytes_for_16k_tokens() -> None:
     T, V, h = 16_384, V_QWEN25, 3584
-    # our engine, unfused, training, inside the model (traced): bf16 logits 2 + 14 = 16 bytes per element
-    # (memory-model.md's HF figure is 14·T·V = 34,879,832,064); the engine's entropy metric adds 2 more;
-    # plus the hidden-state gradient 2·T·h
+    # our engine, unfused, training (engine/algos/logprobs.py): the bf16 logits and their bf16 gradient,
+    # 2 + 2 = 4 bytes per element, plus one float32 chunk of 2^24 // V = 110 rows worked in place (4 bytes
+    # per element), plus the hidden-state gradient 2·T·h; the entropy metric (a forward moment of
+    # 2·T·V + 8 bytes per chunk element) stays below that; an entropy gradient adds a second bf16 gradient
+    chunk = 110 * V
     bare = logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="none")
-    assert bare == 16 * T * V + 2 * T * h == 39_862_665_216 + 117_440_512
+    assert bare == 4 * T * V + 4 * chunk + 2 * T * h == 9_965_666_304 + 66_908_160 + 117_440_512
     metric = logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="metric")
-    assert metric == 18 * T * V + 2 * T * h
+    assert metric == bare
     assert (
         logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="grad")
-        == 24 * T * V + 2 * T * h
+        == 6 * T * V + 4 * chunk + 2 * T * h
     )
     # verl (flash-attn cross entropy, in-place backward): 2·c = 4 bytes per element
     assert logprob_logits_bytes(T, V, h, 2, "verl", training=True, fused=False) == 4 * T * V + 2 * T * h
-    # forward-only (log-prob pass), bf16: 2 + 4 + 4 = 10 bytes per element, no hidden gradient; fp32: 4 + 4
-    assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=False) == 10 * T * V
-    assert logprob_logits_bytes(T, V, h, 4, "grpo-pilot", training=False, fused=False) == 8 * T * V
+    # forward-only (log-prob pass): the logits (2 bytes bf16, 4 fp32) and one float32 chunk, no hidden gradient
+    assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=False) == 2 * T * V + 4 * chunk
+    assert logprob_logits_bytes(T, V, h, 4, "grpo-pilot", training=False, fused=False) == 4 * T * V + 4 * chunk
     # fused, chunks of 1024 tokens: forward 12 bytes per chunk element; training backward c + 20 = 22,
     # plus the fp32 weight-gradient accumulator 4·V·h, its bf16 cast 2·V·h and the hidden gradient
     assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=True) == 12 * 1024 * V
@@ -75,10 +77,16 @@ def test_update_logits_scored_positions_in_the_estimate(est) -> None:
     # verl scores every packed position; its logits moment (10.1 GB) outweighs the last layer's backward
     assert verl.phases["update"].items["logits"] == 4 * 16_384 * V_QWEN25 + 2 * 16_384 * 3584
     assert verl.phases["update"].items["gathered_layers"] == 0  # no decoder layer is gathered at the logits
-    # our engine keeps logits for response positions only: ceil(16384 × 1024 / 1536) = 10,923, and the
-    # logits moment is its update peak here: 18 bytes per element (entropy metric) + hidden gradient
+    # our engine keeps logits for response positions only: ceil(16384 × 1024 / 1536) = 10,923 of them, at
+    # 4 bytes per element (bf16 logits + their gradient) + one float32 chunk + the hidden gradient: 6.9 GB,
+    # less than verl's 10.1 GB, and no longer the update's peak moment (a layer's backward is)
+    from grpo_pilot.planner.memory.logits import logprob_logits_bytes as logits_bytes
+
+    lean = logits_bytes(10_923, V_QWEN25, 3584, 2, "grpo-pilot", training=True, fused=False, entropy="metric")
+    assert lean == 4 * 10_923 * V_QWEN25 + 4 * 110 * V_QWEN25 + 2 * 10_923 * 3584
     ours = est("qwen2.5-7b", "8xA100-80G", max_token_len_per_gpu=16_384)
-    assert ours.phases["update"].items["logits"] == 18 * 10_923 * V_QWEN25 + 2 * 10_923 * 3584
+    assert ours.phases["update"].items["logits"] == 0 and ours.phases["update"].items["gathered_layers"] > 0
+    assert ours.phases["update"].total_bytes < verl.phases["update"].total_bytes
 
 
 def test_kv_bytes_per_token_qwen25_7b() -> None:
@@ -141,17 +149,17 @@ def test_activation_bytes_per_token_per_layer(spec_of) -> None:
     # a packed row of T tokens keeps a T × T bf16 mask per layer
     T = 4096
     assert attention_mask_bytes(T, T, 2) == 2 * T * T
-    # checkpointed: T × (L·2h + 2·2h head side) + the T × T boolean mask saved; one full layer (+ its
-    # bf16 mask) recomputed
+    # checkpointed: T × (L·2h + (2·2h + 4h) head side: final hidden, its normalised copy, RMSNorm's fp32
+    # upcast) + the T × T boolean mask saved; one full layer (+ its bf16 mask) recomputed
     assert (
         saved_activation_bytes(T, 28, 237_688, 2 * T * T, T * T, 3584, 2, True)
-        == T * (28 * 2 * 3584 + 4 * 3584) + T * T
+        == T * (28 * 2 * 3584 + 8 * 3584) + T * T
     )
     assert recompute_activation_bytes(T, 237_688, 2 * T * T, True) == T * 237_688 + 2 * T * T
     # full: every layer keeps its activations and its mask
     assert (
         saved_activation_bytes(T, 28, 237_688, 2 * T * T, T * T, 3584, 2, False)
-        == 28 * (T * 237_688 + 2 * T * T) + T * 4 * 3584 + T * T
+        == 28 * (T * 237_688 + 2 * T * T) + T * 8 * 3584 + T * T
     )
     assert recompute_activation_bytes(T, 237_688, 2 * T * T, False) == 0
 
@@ -172,8 +180,8 @@ def test_log_prob_phase_qwen25_7b_peaks_at_the_logits(est) -> None:
     report = est("qwen2.5-7b", "8xA100-80G")
     lp = report.phases["log_prob"].items
     # 16384-token budget, response share ceil(16384 × 1024 / 1536) = 10,923 scored positions, forward
-    # only in bf16: 10 bytes per logits element (logits 2 + fp32 upcast 4 + scaled copy 4)
-    assert lp["logits"] == 10 * 10_923 * V_QWEN25
+    # only in bf16: the logits (2 bytes per element) and one float32 chunk of 110 rows (4 bytes per element)
+    assert lp["logits"] == 2 * 10_923 * V_QWEN25 + 4 * 110 * V_QWEN25
     assert lp["activations"] == 2 * 2 * 3584 * 16_384  # final hidden + normed copy of the 16,384 tokens
     assert lp["gathered_layers"] == 0  # no decoder layer is gathered at the logits
     # resident: fp32 actor shard, Adam shard, bf16 reference shard — no gradients outside the update

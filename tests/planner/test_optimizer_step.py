@@ -19,7 +19,7 @@ def test_unfused_cpu_and_gpu_temporaries() -> None:
 
 def test_engine_actor_uses_fused_adamw_on_cpu() -> None:
     from grpo_pilot.engine.actor import Actor
-    from grpo_pilot.planner.config import Knobs
+    from grpo_pilot.engine.settings import ActorSettings
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
@@ -33,7 +33,7 @@ def test_engine_actor_uses_fused_adamw_on_cpu() -> None:
             num_key_value_heads=1,
         )
     )
-    actor = Actor(net, device=torch.device("cpu"), knobs=Knobs(), lr=1e-3)
+    actor = Actor(net, device=torch.device("cpu"), settings=ActorSettings(lr=1e-3))
     assert actor.optimizer.defaults["fused"] is True
     before = [p.detach().clone() for p in actor.policy.parameters()]
     for p in actor.policy.parameters():

@@ -9,10 +9,20 @@ softmax runs in float32 for bf16/fp16/fp32 models (float64 inputs stay float64, 
 Causal alignment (the caller's job): the log-prob of completion token t comes from the logits at
 position t − 1, i.e. `token_logprobs(logits[:, P-1:-1], input_ids[:, P:])` for prompt length P.
 
-`chunked_token_logprobs` never materialises more than `chunk_tokens × V` logits at a time, in the
-forward or the backward pass: a custom autograd function keeps only its inputs and recomputes each
-chunk's logits in backward (the memory trick of fused linear cross-entropy kernels, e.g. Liger's
-FLCE and TRL's fused LM head). Its values and gradients equal the unchunked path's.
+`token_logprobs` / `entropy_from_logits` (the unfused path: the caller holds the logits) keep nothing
+but the logits and a per-token logsumexp for backward: the float32 copy, softmax and gradient of the
+softmax are formed `logits_chunk_tokens(V)` rows at a time, in forward and in backward, and the only
+logits-sized buffer backward adds is the gradient of the logits in their own dtype. Peak per logits
+element in training: the logits (c bytes) + their gradient (c bytes) + 8 bytes per element of one chunk,
+against c + 14 per element for the plain autograd chain `logits.float() / T → gather − logsumexp`, which
+keeps the float32 scaled copy for backward and forms two more in it (planner/memory/logits.py has the
+measurements).
+
+`chunked_token_logprobs` (the fused path) never materialises more than `chunk_tokens × V` logits at a
+time, in the forward or the backward pass: a custom autograd function keeps only its inputs and
+recomputes each chunk's logits in backward (the memory trick of fused linear cross-entropy kernels,
+e.g. Liger's FLCE and TRL's fused LM head). Both paths give the values and gradients of the plain
+autograd chain (tests compare them in float64).
 """
 
 from __future__ import annotations
@@ -21,8 +31,15 @@ import torch
 from torch import Tensor
 
 from grpo_pilot.errors import InputError
+from grpo_pilot.planner.memory.logits import UNFUSED_CHUNK_ELEMENTS
 
 DEFAULT_CHUNK_TOKENS = 1024
+
+
+def logits_chunk_tokens(vocab_size: int) -> int:
+    """Rows of [N, V] logits the unfused path turns into float32 at once (UNFUSED_CHUNK_ELEMENTS elements;
+    planner/memory/logits.py `unfused_chunk_tokens` models the same number)."""
+    return max(1, UNFUSED_CHUNK_ELEMENTS // max(1, vocab_size))
 
 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -41,25 +58,128 @@ def _check_temperature(temperature: float) -> None:
 def token_logprobs(logits: Tensor, target_ids: Tensor, *, temperature: float = 1.0) -> Tensor:
     """log p(target) in float32 (float64 for float64 logits), shape of `target_ids` [...], from `logits` [..., V].
 
-    Materialises a float32 copy of `logits` (use `chunked_token_logprobs` to avoid it).
+    Lean: no full float32 copy of the logits is kept for backward (module docstring).
     """
     _check_temperature(temperature)
     if logits.shape[:-1] != target_ids.shape:
         raise ValueError(
             f"logits {tuple(logits.shape)} do not match target_ids {tuple(target_ids.shape)} (+ vocab dim)"
         )
-    scaled = logits.to(_softmax_dtype(logits.dtype)) / temperature
-    picked = torch.gather(scaled, -1, target_ids.long().unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(scaled, dim=-1)
+    flat = logits.reshape(-1, logits.shape[-1])
+    logprobs, _ = _LogitsLogProbs.apply(
+        flat, target_ids.reshape(-1).long(), float(temperature), logits_chunk_tokens(flat.shape[-1]), False
+    )
+    return logprobs.view(target_ids.shape)
 
 
 def entropy_from_logits(logits: Tensor, *, temperature: float = 1.0) -> Tensor:
-    """Entropy H of softmax(logits / temperature) in float32 (float64 for float64 logits), shape [...] for `logits` [..., V]."""
+    """Entropy H of softmax(logits / temperature), shape [...] for `logits` [..., V]; float32 (float64 inputs: float64).
+
+    Formed chunk by chunk like `token_logprobs`; differentiable (the entropy bonus) with the same lean backward.
+    """
     _check_temperature(temperature)
-    scaled = logits.to(_softmax_dtype(logits.dtype)) / temperature
-    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    probs = torch.exp(scaled - lse)
-    return lse.squeeze(-1) - (probs * scaled).sum(dim=-1)
+    flat = logits.reshape(-1, logits.shape[-1])
+    dummy_targets = torch.zeros(flat.shape[0], dtype=torch.long, device=flat.device)
+    _, entropy = _LogitsLogProbs.apply(
+        flat, dummy_targets, float(temperature), logits_chunk_tokens(flat.shape[-1]), True
+    )
+    return entropy.view(logits.shape[:-1])
+
+
+def _scaled_rows(rows: Tensor, temperature: float) -> Tensor:
+    """A softmax-dtype copy of `rows` / temperature (always a new tensor: callers work on it in place)."""
+    dtype = _softmax_dtype(rows.dtype)
+    scaled = rows.to(dtype, copy=True)
+    return scaled.div_(temperature) if temperature != 1.0 else scaled
+
+
+def _chunk_forward(scaled: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(logsumexp [c], log p(target) [c], entropy [c] or None) of one chunk of scaled logits [c, V]."""
+    lse = torch.logsumexp(scaled, dim=-1)
+    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = None
+    if with_entropy:
+        weighted = (scaled - lse.unsqueeze(-1)).exp_().mul_(scaled)  # p ⊙ x, one buffer
+        entropy = lse - weighted.sum(dim=-1)
+    return lse, picked, entropy
+
+
+def _chunk_grad_scaled(
+    scaled: Tensor, lse: Tensor, targets: Tensor, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
+) -> Tensor:
+    """d objective / d scaled for one chunk [c, V]: g_lp · (onehot − p) + g_H · (−p ⊙ (x − E_p[x])).
+
+    Works in place: `scaled` becomes the returned gradient (one more chunk buffer with an entropy gradient).
+    """
+    if grad_entropy is None:
+        grad = scaled.sub_(lse.unsqueeze(-1)).exp_()  # p
+        if grad_logprobs is None:
+            return grad.zero_()
+        g = grad_logprobs.to(grad.dtype).unsqueeze(-1)
+        grad.mul_(g).neg_()
+        return grad.scatter_add_(-1, targets.unsqueeze(-1), g)
+    probs = (scaled - lse.unsqueeze(-1)).exp_()
+    mean_x = torch.matmul(probs.unsqueeze(-2), scaled.unsqueeze(-1)).squeeze(-1)  # Σ_v p_v x_v, no [c, V] temporary
+    grad = scaled.sub_(mean_x).mul_(probs).mul_(-grad_entropy.to(scaled.dtype).unsqueeze(-1))
+    if grad_logprobs is not None:
+        g = grad_logprobs.to(grad.dtype).unsqueeze(-1)
+        grad.sub_(probs.mul_(g)).scatter_add_(-1, targets.unsqueeze(-1), g)
+    return grad
+
+
+class _LogitsLogProbs(torch.autograd.Function):
+    """(logits [N, V], targets [N]) -> (logprobs [N], entropy [N]); saves the logits and logsumexp only."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        logits: Tensor,
+        targets: Tensor,
+        temperature: float,  # type: ignore[override]
+        chunk_tokens: int,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
+        num_tokens = logits.shape[0]
+        out_dtype = _softmax_dtype(logits.dtype)
+        logprobs = torch.empty(num_tokens, dtype=out_dtype, device=logits.device)
+        entropy = torch.zeros(num_tokens, dtype=out_dtype, device=logits.device)
+        lse = torch.empty(num_tokens, dtype=out_dtype, device=logits.device)
+        for start in range(0, num_tokens, chunk_tokens):
+            stop = min(start + chunk_tokens, num_tokens)
+            scaled = _scaled_rows(logits[start:stop], temperature)
+            lse[start:stop], logprobs[start:stop], ent = _chunk_forward(scaled, targets[start:stop], with_entropy)
+            if ent is not None:
+                entropy[start:stop] = ent
+            del scaled, ent  # free this chunk before the next one is formed
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.chunk_tokens, ctx.with_entropy = temperature, chunk_tokens, with_entropy
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs: Tensor | None, grad_entropy: Tensor | None):  # type: ignore[override]
+        logits, targets, lse = ctx.saved_tensors
+        temperature, chunk_tokens = ctx.temperature, ctx.chunk_tokens
+        grad_entropy = grad_entropy if ctx.with_entropy else None
+        if grad_logprobs is None and grad_entropy is None:
+            return None, None, None, None, None
+        grad_logits = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], chunk_tokens):
+            stop = min(start + chunk_tokens, logits.shape[0])
+            grad = _chunk_grad_scaled(
+                _scaled_rows(logits[start:stop], temperature),
+                lse[start:stop],
+                targets[start:stop],
+                grad_logprobs[start:stop] if grad_logprobs is not None else None,
+                grad_entropy[start:stop] if grad_entropy is not None else None,
+            )
+            if temperature != 1.0:
+                grad.div_(temperature)
+            grad_logits[start:stop] = grad
+            del grad
+        return grad_logits, None, None, None, None
 
 
 def _no_autocast(tensor: Tensor) -> torch.autocast:
@@ -94,11 +214,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
             for start in range(0, num_tokens, chunk_tokens):
                 stop = min(start + chunk_tokens, num_tokens)
                 scaled = _chunk_scaled_logits(hidden[start:stop], weight, temperature)  # [c, V] float32
-                lse = torch.logsumexp(scaled, dim=-1)
-                logprobs[start:stop] = scaled.gather(-1, targets[start:stop].unsqueeze(-1)).squeeze(-1) - lse
-                if with_entropy:
-                    probs = torch.exp(scaled - lse.unsqueeze(-1))
-                    entropy[start:stop] = lse - (probs * scaled).sum(dim=-1)
+                _, logprobs[start:stop], ent = _chunk_forward(scaled, targets[start:stop], with_entropy)
+                if ent is not None:
+                    entropy[start:stop] = ent
         ctx.save_for_backward(hidden, weight, targets)
         ctx.temperature, ctx.chunk_tokens, ctx.with_entropy = temperature, chunk_tokens, with_entropy
         if not with_entropy:
@@ -148,16 +266,13 @@ def _chunked_backward(
         stop = min(start + chunk_tokens, hidden.shape[0])
         h_chunk = hidden[start:stop]
         scaled = _chunk_scaled_logits(h_chunk, weight, temperature)
-        probs = torch.softmax(scaled, dim=-1)
-        grad_scaled = torch.zeros_like(scaled)
-        if grad_logprobs is not None:  # g · (onehot − p)
-            g = grad_logprobs[start:stop].to(scaled.dtype).unsqueeze(-1)
-            grad_scaled -= probs * g
-            grad_scaled.scatter_add_(-1, targets[start:stop].unsqueeze(-1), g)
-        if grad_entropy is not None:  # g · (−p ⊙ (x − E_p[x]))
-            g = grad_entropy[start:stop].to(scaled.dtype).unsqueeze(-1)
-            mean_x = (probs * scaled).sum(dim=-1, keepdim=True)
-            grad_scaled -= g * probs * (scaled - mean_x)
+        grad_scaled = _chunk_grad_scaled(
+            scaled,
+            torch.logsumexp(scaled, dim=-1),
+            targets[start:stop],
+            grad_logprobs[start:stop] if grad_logprobs is not None else None,
+            grad_entropy[start:stop] if grad_entropy is not None else None,
+        )
         grad_logits = (grad_scaled / temperature).to(weight.dtype)  # [c, V]
         if grad_hidden is not None:
             grad_hidden[start:stop] = grad_logits @ weight

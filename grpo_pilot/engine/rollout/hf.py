@@ -1,8 +1,10 @@
 """`hf` rollout: the policy module itself generates (any device, no second copy of the weights).
 
-Because it samples from the very module the trainer updates, there are no weights to push:
-`sync_weights(model)` only switches to `model` when the caller hands over a different module object
-(e.g. after wrapping it), and is a no-op for the same object.
+On one unsharded worker it samples from the very module the trainer updates (`shares_policy=True`),
+so there are no weights to push and `sync_weights` is a no-op. Otherwise (the trainer's module is
+FSDP-sharded across workers, or the rollout runs on its own worker) the backend owns a replica of the
+model and `sync_weights(weights)` copies every (name, tensor) pair into it, refusing a sync that leaves
+a parameter out.
 
 Decoding: our own batched loop (`decode.decode_batch`: one prefill, then one forward per token with
 the model's KV cache, temperature / top-p sampling, per-row EOS and stop strings, early exit once
@@ -22,15 +24,15 @@ While decoding, the module is in eval mode (transformers' `GradientCheckpointing
 checkpoints when `self.training`, so checkpointing is off) under `torch.no_grad` (not inference
 mode: buffers a forward may refresh must stay usable by autograd) — except for the Llama-family
 models `llama_step` decodes with default RoPE, whose forward refreshes no buffer: those decode
-under `torch.inference_mode` (no autograd bookkeeping per op; completions leave as Python ints), and on CUDA the forward runs
-under bf16 autocast; train mode is restored afterwards and `config` is not touched (the KV cache is
-requested per call).
+under `torch.inference_mode` (no autograd bookkeeping per op; completions leave as Python ints), and on
+CUDA the forward runs under bf16 autocast; train mode is restored afterwards and `config` is not touched
+(the KV cache is requested per call).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -94,13 +96,16 @@ class HFRollout:
         max_model_len: int,
         max_num_seqs: int = 256,
         kv_cache_bytes: int | None = None,
+        shares_policy: bool = True,
     ) -> None:
         if max_model_len < 2 or max_num_seqs < 1 or (kv_cache_bytes is not None and kv_cache_bytes < 1):
             raise InputError(
-                f"Invalid hf rollout limits: max_model_len={max_model_len}, max_num_seqs={max_num_seqs}, kv_cache_bytes={kv_cache_bytes}.",
+                f"Invalid hf rollout limits: max_model_len={max_model_len}, max_num_seqs={max_num_seqs}, "
+                f"kv_cache_bytes={kv_cache_bytes}.",
                 "Use max_model_len >= 2, max_num_seqs >= 1 and a positive kv_cache_bytes (or None).",
             )
         self._model: torch.nn.Module | None = model
+        self.shares_policy = shares_policy
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -136,11 +141,32 @@ class HFRollout:
             for i in range(len(prompt_ids))
         ]
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Generation already uses the policy's live parameters; only adopt a different module object."""
-        self._live_model()
-        if model is not self._model:
-            self._model = model
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy (name, tensor) pairs into the replica; nothing to do when generating on the policy itself."""
+        model = self._live_model()
+        if self.shares_policy:
+            return
+        params = dict(model.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        with torch.no_grad():
+            for name, tensor in weights:
+                target = params.get(name)
+                if target is None or target.shape != tensor.shape:
+                    held = "does not have" if target is None else f"holds as {tuple(target.shape)}"
+                    raise RunError(
+                        f"Weight sync into the hf rollout replica got '{name}' {tuple(tensor.shape)}, "
+                        f"which the replica {held}.",
+                        "The trainer and the rollout replica must be built from the same model.",
+                    )
+                target.copy_(tensor)
+                loaded.add(name)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise RunError(
+                f"Weight sync left {len(missing)} parameter(s) of the hf rollout replica stale: "
+                f"{', '.join(missing[:5])}.",
+                "Every parameter name (tied ones included) must be sent.",
+            )
 
     def sleep(self) -> None:
         """Return the generation KV cache blocks held by the CUDA caching allocator; nothing to do on CPU."""

@@ -15,6 +15,7 @@ tokens the loss trains on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from pydantic import Field
@@ -61,19 +62,23 @@ class Generation:
 
 @runtime_checkable
 class RolloutBackend(Protocol):
-    """What the step loop calls. One instance lives for the whole run.
+    """What a worker calls. One instance lives for the whole run.
 
-    Call order per step: `wake()` → `sync_weights(policy)` → `generate(...)` → `sleep()`.
+    Call order per step: `wake()` → `sync_weights(weights)` → `generate(...)` → `sleep()`.
+    `shares_policy`: generation runs on the trainer's own module (hf, one unsharded worker), so there is
+    nothing to sync and the worker skips gathering weights.
     """
 
     name: str
+    shares_policy: bool
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
         """One completion per prompt, in the order of `prompt_ids`; batched in one call."""
         ...
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Make the engine generate with `model`'s current weights."""
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the trainer's current weights, (HF parameter name, full tensor) pairs covering every
+        parameter name of the model (tied ones under each name); a missing one is a `RunError`."""
         ...
 
     def sleep(self) -> None:

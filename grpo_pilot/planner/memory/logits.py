@@ -4,14 +4,18 @@
 response positions only, verl every packed position), V vocab, h hidden, c compute bytes (2 on GPU,
 4 on cpu). `entropy` is "none", "metric" (computed without a gradient) or "grad" (entropy bonus).
 
-grpo-pilot, unfused (engine/algos/logprobs.py `token_logprobs`: scaled = logits.float() / T, gather −
-  logsumexp; `entropy_from_logits` after it). Peak bytes per logits element, traced with the FSDP2
-  memory tracker inside the full model (Qwen2.5-1.5B/7B shapes, 2 layers, 2048–4096 scored tokens) and
-  with MemTracker on the bare functions (bf16 and fp32):
-  forward-only  c + 4 + 4 with bf16 logits (fp32 upcast and scaled copy coexist) = 10; c + 4 in fp32
-                (the upcast is a no-op) = 8; with entropy c + 12.
-  training      c + 14 (16 bf16: memory-model.md's HF figure is 14); the engine's update always
-                computes entropy as a metric (+2: 18 traced) and with an entropy bonus c + 22 (24 traced).
+grpo-pilot, unfused (engine/algos/logprobs.py `token_logprobs` / `entropy_from_logits`: one autograd
+  node each that keeps only the logits and a per-token logsumexp; float32 copies are formed k =
+  min(T, UNFUSED_CHUNK_ELEMENTS // V) rows at a time, in forward and in backward). Peak bytes in units
+  of V, measured with the engine's live-tensor tracker (engine/profiling.py, byte-exact) on the bare
+  functions, V = 8192, T = 1024–4096, k = 512–T, bf16 and fp32 (the formulas below are within 2%):
+  forward-only  c·T + 4·k (the logits, one float32 chunk); with the entropy metric c·T + 8·k (its p ⊙ x
+                chunk beside the scaled copy).
+  training      the larger of the forward moment above and the backward one: 2c·T + 4·k (the logits kept
+                for backward, their gradient, one float32 chunk worked in place); with an entropy
+                gradient max(2c·T + 8·k, 3c·T + 4·k) (two autograd nodes, two logits-sized gradients).
+  The autograd chain this replaced (`logits.float() / T`, gather − logsumexp) held (c + 14)·T in
+  training (16 bytes per element for bf16; issue 8: 10.43 GiB peak for 4096 tokens × 152k vocab).
 grpo-pilot, fused (`chunked_token_logprobs`, chunks of FUSED_LOGPROB_CHUNK_TOKENS recomputed in
   backward; bare-function trace, T = 2048, chunk 512, V = 8192): per chunk element forward 12
   (+4 with entropy); backward c + 20 (+4 with an entropy gradient); in training also the fp32 lm_head
@@ -36,6 +40,8 @@ from __future__ import annotations
 from grpo_pilot.units import FP32_BYTES
 
 FUSED_LOGPROB_CHUNK_TOKENS = 1024  # our engine's chunk: grpo_pilot.engine imports this constant
+# our engine's unfused path forms float32 logits UNFUSED_CHUNK_ELEMENTS at a time (engine/algos/logprobs.py)
+UNFUSED_CHUNK_ELEMENTS = 1 << 24
 VERL_FUSED_CHUNK_TOKENS = 512  # verl FusedLinearForPPOFunction.forward(chunk_size=512)
 TRL_TOKEN_TILE = 4096  # trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE
 TRL_VOCAB_TILE = 32768  # trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE
@@ -44,12 +50,20 @@ FP32 = FP32_BYTES
 ENTROPY_MODES = ("none", "metric", "grad")
 
 
-def _ours_unfused(c: int, training: bool, entropy: str) -> int:
-    if training:
-        return c + 14 + {"none": 0, "metric": 2, "grad": 8}[entropy]
-    if entropy != "none":
-        return c + 12
-    return c + FP32 + (FP32 if c != FP32 else 0)
+def unfused_chunk_tokens(tokens: int, vocab: int) -> int:
+    """Rows our unfused path turns into float32 at once (engine/algos/logprobs.py `logits_chunk_tokens`)."""
+    return min(tokens, max(1, UNFUSED_CHUNK_ELEMENTS // max(1, vocab)))
+
+
+def _ours_unfused(tokens: int, vocab: int, c: int, training: bool, entropy: str) -> int:
+    """Peak bytes of our unfused log-prob (and entropy) path: the largest of its moments (module docstring)."""
+    t, k = tokens * vocab, unfused_chunk_tokens(tokens, vocab) * vocab
+    forward = c * t + (8 if entropy != "none" else 4) * k
+    if not training:
+        return forward
+    if entropy == "grad":
+        return max(forward, 2 * c * t + 8 * k, 3 * c * t + 4 * k)
+    return max(forward, 2 * c * t + 4 * k)
 
 
 def _verl_unfused(c: int, training: bool, entropy: str) -> int:
@@ -95,7 +109,7 @@ def logprob_logits_bytes(
             return chunk * vocab * (c + 5 * FP32) + c * vocab * hidden + grad_hidden
         return chunk * vocab * (c + 3 * FP32)
     if not fused:
-        return tokens * vocab * _ours_unfused(c, training, entropy) + grad_hidden
+        return _ours_unfused(tokens, vocab, c, training, entropy) + grad_hidden
     chunk = min(tokens, FUSED_LOGPROB_CHUNK_TOKENS)
     forward = 3 * FP32 + (FP32 if entropy != "none" else 0)
     if not training:

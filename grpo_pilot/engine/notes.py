@@ -1,0 +1,55 @@
+"""Notes for profile.json: where this run did something the plan's prediction does not assume.
+
+Each note is one sentence a reader can act on; `run_notes` is a pure function of the plan and what
+the run reports about itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_pilot.planner.config import old_logprob_pass_needed
+
+
+def run_notes(
+    plan: Any,
+    *,
+    rollout_backend: str,
+    engine_old_pass: bool,
+    shared_forwards: int,
+    steps_run: int,
+    hf_replica: bool,
+) -> tuple[str, ...]:
+    """Mismatches between the plan and this run (module docstring)."""
+    notes: tuple[str, ...] = ()
+    if rollout_backend != plan.knobs.rollout_backend:
+        notes += (
+            f"rollout backend '{rollout_backend}' is not the plan's '{plan.knobs.rollout_backend}': predictions "
+            "assume the plan's",
+        )
+    if hf_replica:
+        notes += (
+            "rollout: the hf backend generates on its own copy of the weights on every rollout worker (the "
+            "trainer's are sharded or elsewhere); the plan assumes it generates on the trainer's module",
+        )
+    k = plan.knobs
+    if k.param_offload != k.optimizer_offload:
+        only = "param_offload" if k.param_offload else "optimizer_offload"
+        notes += (
+            f"offload: the plan sets only {only}; FSDP2's CPUOffloadPolicy keeps parameters, gradients and optimizer "
+            "states on the host together, so the run offloads all three",
+        )
+    if old_logprob_pass_needed(plan.workload, plan.target) != engine_old_pass:
+        notes += (
+            f"log_prob: this run {'runs' if engine_old_pass else 'skips'} the old-policy pass; the plan (target "
+            f"{plan.target}, its workload) {'skips' if engine_old_pass else 'counts'} it",
+        )
+    if shared_forwards:
+        notes += (
+            f"update/log_prob: {shared_forwards} micro-batches computed each distinct prompt once (shared-prompt "
+            "forward); the plan's time and activation figures assume every sequence computes its prompt, so they "
+            "bound these phases from above",
+        )
+    if steps_run == 1:
+        notes += ("only one step ran in this process: its numbers include warm-up",)
+    return notes
