@@ -52,7 +52,9 @@ def test_update_phase_single_gpu_by_hand() -> None:
     tokens = 4 * (64 + 64)
     matmul = 3 * 2 * s.num_active_params
     attention = 3 * 4 * s.num_layers * s.q_dim * (128 / 2)  # causal attention, average context 64
-    logits = 2 * (2 + 14) * s.vocab_size  # our engine's unfused training path: c + 14 bytes per element
+    # our engine's unfused training path holds the logits and their gradient (2c) and works one float32
+    # chunk (4) per element; each byte written and read
+    logits = 2 * (2 * 2 + 4) * s.vocab_size
     memory = 3 * _layer_traffic(s) + logits
     per_token = matmul / A100_MATMUL + attention / (A100_MATMUL * 0.7) + memory / A100_HBM
     adam = s.num_params * T.ADAM_BYTES_PER_PARAM / 2039e9
