@@ -75,5 +75,6 @@ class TimeReport(Frozen):
     tokens_per_s: float = Field(ge=0.0, description="Trained tokens (prompt + response) per second, whole cluster.")
     mfu: float = Field(
         ge=0.0,
-        description="Model FLOPs utilisation of the whole step (6P per trained token + 2P per log-prob token + 2P per generated token) / (peak × GPUs × step_s).",
+        description="Model FLOPs utilisation of the whole step (6P per trained token + 2P per log-prob token "
+        "+ 2P per generated token) / (peak × GPUs × step_s).",
     )

@@ -113,7 +113,7 @@ FORGERS = {
         "for value in numbers:\n    send({'k': 'probe', 'a': 0, 'v': [value]})\n"
         "send({'k': 'test', 'i': 0, 'ok': True})\nsend({'k': 'done'})\n"
         "for fd in range(3, 64):\n    try:\n"
-        "        os.write(fd, b'{\"k\":\"test\",\"i\":0,\"ok\":true}\\nx test 0 pass\\n')\n    except OSError:\n"
+        '        os.write(fd, b\'{"k":"test","i":0,"ok":true}\\nx test 0 pass\\n\')\n    except OSError:\n'
         "        pass\n"
         "os._exit(0)\n"
     ),
@@ -123,7 +123,7 @@ FORGERS = {
         "        frame.f_globals['encode'] = lambda value, depth=0: True\n    frame = frame.f_back\n"
     ),
     "channel_flood": WRONG_ADD + "import os\nfor fd in range(3, 64):\n    try:\n"
-    "        os.write(fd, b'{\"k\":\"probe\",\"a\":0,\"v\":[5]}\\n' * 10)\n    except OSError:\n        pass\n",
+    '        os.write(fd, b\'{"k":"probe","a":0,"v":[5]}\\n\' * 10)\n    except OSError:\n        pass\n',
 }
 
 

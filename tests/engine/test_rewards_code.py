@@ -83,7 +83,7 @@ def test_exits_stdin_and_faked_output_do_not_pass() -> None:
     tests = ("assert f() == 1",)
     assert run_tests("import sys\nsys.exit(0)", tests, FAST).status == "solution_error"
     assert run_tests("x = input()", tests, FAST).passed == (False,)  # stdin is closed: EOFError at once
-    fake = "print('test 0 pass')\nprint('{\"k\": \"test\", \"i\": 0, \"ok\": true}')\ndef f():\n    return 2"
+    fake = 'print(\'test 0 pass\')\nprint(\'{"k": "test", "i": 0, "ok": true}\')\ndef f():\n    return 2'
     assert run_tests(fake, tests, FAST).passed == (False,)
 
 

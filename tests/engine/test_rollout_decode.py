@@ -32,7 +32,8 @@ def test_sampling_follows_softmax_temperature_and_top_p() -> None:
     torch.testing.assert_close(
         draws(logits, temperature=2.0), torch.cat([hot / hot.sum(), torch.zeros(1)]), atol=tol, rtol=0
     )
-    # top-p 0.7: kept while the mass before a token is < 0.7 -> {0.5, 0.3}, renormalised (transformers' TopPLogitsWarper rule)
+    # top-p 0.7: kept while the mass before a token is < 0.7 -> {0.5, 0.3}, renormalised
+    # (transformers' TopPLogitsWarper rule)
     torch.testing.assert_close(draws(logits, top_p=0.7), torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=tol, rtol=0)
     # top-p 0.5: the mass before token 1 is exactly 0.5 -> only the most likely token remains
     assert draws(logits, top_p=0.5).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
@@ -230,7 +231,8 @@ def test_keep_rows_shrinks_the_step_and_leaves_the_kept_rows_logits_unchanged(dt
 
 
 def decode_batch_sizes(model: torch.nn.Module, fast: bool, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A list that collects the batch size of every decode forward (the Llama step's calls, or the model's after the prefill)."""
+    """A list that collects the batch size of every decode forward (the Llama step's calls, or the model's
+    after the prefill)."""
     sizes: list[int] = []
     if fast:
         original = LlamaDecodeStep.__call__
@@ -297,7 +299,8 @@ def test_compaction_on_and_off_give_identical_completions(
     for shrunk in (default_sizes, sizes):
         assert shrunk == sorted(shrunk, reverse=True) and shrunk[-1] < len(prompts)
     assert len(set(sizes)) >= len(set(default_sizes)) >= (3 if temperature else 2)
-    # long-tailed, ended both ways: rows stop at their first EOS or stop hit, the longest ran to the loop's end, the rest padded
+    # long-tailed, ended both ways: rows stop at their first EOS or stop hit, the longest ran to the loop's end,
+    # the rest padded
     ends = [
         next(
             ((i + 1, t in eos) for i, t in enumerate(r) if t in eos or (i and (r[i - 1] + t) % 13 == 0)), (len(r), None)

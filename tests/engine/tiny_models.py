@@ -10,7 +10,8 @@ VOCAB = 100
 
 
 def tiny(model_type: str, *, attn: str = "sdpa", **extra: object) -> torch.nn.Module:
-    """2 layers, hidden 64, 4 query heads over 2 KV heads (GQA), random init with std 0.1 (decisive argmaxes), eval mode."""
+    """2 layers, hidden 64, 4 query heads over 2 KV heads (GQA), random init with std 0.1 (decisive argmaxes),
+    eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model(

@@ -4,11 +4,11 @@ Layout: `rewards` [B] group-contiguous, B = num_groups × group_size:
 [p0g0, p0g1, …, p0g(G−1), p1g0, …]. Result [B], one advantage per completion (every token of
 the completion gets it). With mean_g, std_g over the completion's own group:
 
-| scale     | Â_i                                    | peers                                        |
-|-----------|----------------------------------------|----------------------------------------------|
-| `group`   | (r_i − mean_g) / (std_g + eps)         | GRPO; verl norm_adv_by_std_in_grpo=True; TRL scale_rewards="group" |
-| `batch`   | (r_i − mean_g) / (std_batch + eps)     | TRL scale_rewards="batch" (std over all B rewards) |
-| `none`    | r_i − mean_g                           | Dr. GRPO (2503.20783); verl norm_adv_by_std_in_grpo=False; TRL "none" |
+| scale   | Â_i                                | peers                                                                 |
+|---------|------------------------------------|-----------------------------------------------------------------------|
+| `group` | (r_i − mean_g) / (std_g + eps)     | GRPO; verl norm_adv_by_std_in_grpo=True; TRL scale_rewards="group"    |
+| `batch` | (r_i − mean_g) / (std_batch + eps) | TRL scale_rewards="batch" (std over all B rewards)                    |
+| `none`  | r_i − mean_g                       | Dr. GRPO (2503.20783); verl norm_adv_by_std_in_grpo=False; TRL "none" |
 
 Which std: the unbiased sample std (Bessel, divide by n − 1) — verl uses `torch.std` (unbiased
 by default) and TRL its `nanstd` with Bessel's correction, so both agree with this choice.

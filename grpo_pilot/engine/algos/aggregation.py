@@ -4,12 +4,12 @@ Shapes: `loss_mat` [B, T] and `mask` [B, T] over completion tokens (mask 1 = the
 float masks act as per-token weights). Notation: m = mask, l = loss_mat, N_tok = Σ m,
 N_seq = number of sequences (rows), L = a constant length.
 
-| mode                       | value                                  | peers                         |
-|----------------------------|----------------------------------------|-------------------------------|
-| `token-mean`               | Σ_i Σ_t m·l / N_tok                    | verl default; TRL bnpo / dapo; DAPO (2503.14476) |
-| `seq-mean-token-mean`      | Σ_i (Σ_t m·l / max(Σ_t m, 1)) / N_seq  | GRPO paper (2402.03300); TRL grpo |
-| `seq-mean-token-sum`       | Σ_i Σ_t m·l / N_seq                    | verl                          |
-| `seq-mean-token-sum-norm`  | Σ_i Σ_t m·l / (N_seq · L)              | Dr. GRPO (2503.20783); TRL dr_grpo |
+| mode                      | value                                 | peers                                            |
+|---------------------------|---------------------------------------|--------------------------------------------------|
+| `token-mean`              | Σ_i Σ_t m·l / N_tok                   | verl default; TRL bnpo / dapo; DAPO (2503.14476) |
+| `seq-mean-token-mean`     | Σ_i (Σ_t m·l / max(Σ_t m, 1)) / N_seq | GRPO paper (2402.03300); TRL grpo                |
+| `seq-mean-token-sum`      | Σ_i Σ_t m·l / N_seq                   | verl                                             |
+| `seq-mean-token-sum-norm` | Σ_i Σ_t m·l / (N_seq · L)             | Dr. GRPO (2503.20783); TRL dr_grpo               |
 
 Gradient accumulation without bias: pass the denominators of the whole mini-batch
 (`global_num_tokens` = N_tok, `global_num_seqs` = N_seq of the mini-batch, and a fixed

@@ -56,7 +56,8 @@ def overlong_penalty(
     """
     if max_len < 1 or cache_len < 0 or cache_len > max_len:
         raise InputError(
-            f"Overlong penalty needs 0 <= cache_len <= max_len and max_len >= 1, got max_len={max_len}, cache_len={cache_len}.",
+            f"Overlong penalty needs 0 <= cache_len <= max_len and max_len >= 1, "
+            f"got max_len={max_len}, cache_len={cache_len}.",
             "Set cache_len to the soft-penalty window (DAPO uses 4096 of a 20480-token limit).",
         )
     length = lengths.to(torch.float32)

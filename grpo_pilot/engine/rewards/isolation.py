@@ -217,9 +217,12 @@ def _tool(mechanism: Mechanism) -> str | None:
         return ""
     name = "bwrap" if mechanism == "bwrap" else "unshare"
     found = shutil.which(name, path=os.defpath + ":/usr/sbin:/sbin")
-    if found is None or (mechanism == "unshare" and not all(
-        shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin") for t in ("mount", "pivot_root", "setpriv", "umount")
-    )):
+    if found is None or (
+        mechanism == "unshare"
+        and not all(
+            shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin") for t in ("mount", "pivot_root", "setpriv", "umount")
+        )
+    ):
         return None
     try:
         version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=10).stdout

@@ -260,7 +260,7 @@ def decode(value: Any, depth: int = 0) -> Any:
         return [decode(v, depth + 1) for v in value]
     if not isinstance(value, dict) or len(value) != 1:
         return _Opaque()
-    (tag, body), = value.items()
+    ((tag, body),) = value.items()
     if tag == "r":
         return _Raised()
     if tag in ("t", "s", "fs") and isinstance(body, list):
@@ -389,6 +389,4 @@ def judge(sealed: SealedTests, messages: Sequence[dict[str, Any]]) -> tuple[bool
     for assert_id, check in enumerate(sealed.asserts):
         if check.required and not seen[assert_id]:
             failed[check.test] = True
-    return tuple(
-        finished[i] and not failed[i] and sealed.sources[i] is not None for i in range(num_tests)
-    )
+    return tuple(finished[i] and not failed[i] and sealed.sources[i] is not None for i in range(num_tests))

@@ -3,12 +3,15 @@
 Grammar (whitespace around separators is ignored):
 
     spec     := term ("," term)*
-    term     := builtin ["=" weight] [":" options]        exact_match   format=0.5   overlong=0.5:max_len=512;cache_len=128
-              | builtin ":" options                        format:pattern=^<think>;weight=0.5
-              | callable ["=" weight]                      mypkg.rewards:score=2   ./my_reward.py:score
+    term     := builtin ["=" weight] [":" options]
+              | builtin ":" options
+              | callable ["=" weight]
     options  := key "=" value (";" key "=" value)*         the key `weight` sets the weight
     callable := dotted.module ":" function | path/to/file.py ":" function
     weight   := a finite number (negative allowed); default 1.0
+
+Examples: `exact_match`, `format=0.5`, `overlong=0.5:max_len=512;cache_len=128`,
+`format:pattern=^<think>;weight=0.5`, `mypkg.rewards:score=2`, `./my_reward.py:score`.
 
 A value ends at the next top-level ";" or ",". Commas and semicolons inside balanced (), [], {}
 or inside quotes do not split, so `format:pattern=\\d{1,3}` needs no quoting; otherwise quote the

@@ -46,7 +46,8 @@ def build_rollout(
 
         if tensor_parallel_size != 1:
             raise InputError(
-                f"The hf rollout backend generates on the policy module itself; tensor_parallel_size={tensor_parallel_size} does not apply.",
+                f"The hf rollout backend generates on the policy module itself; "
+                f"tensor_parallel_size={tensor_parallel_size} does not apply.",
                 "Use rollout_tp=1 with rollout_backend='hf'.",
             )
         return HFRollout(

@@ -50,7 +50,8 @@ def make_decoder(tokenizer: Any) -> Decode:
 def check_prompts(
     prompt_ids: list[list[int]], sampling: SamplingConfig, *, max_model_len: int, vocab_size: int
 ) -> None:
-    """Raise `InputError` for an empty prompt, an id outside the vocabulary, or prompt+max_new_tokens > max_model_len."""
+    """Raise `InputError` for an empty prompt, an id outside the vocabulary, or
+    prompt + max_new_tokens > max_model_len."""
     for i, ids in enumerate(prompt_ids):
         if len(ids) == 0:
             raise InputError(
@@ -66,9 +67,11 @@ def check_prompts(
         total = len(ids) + sampling.max_new_tokens
         if total > max_model_len:
             raise InputError(
-                f"Prompt {i} has {len(ids)} tokens; with max_new_tokens={sampling.max_new_tokens} that is {total} tokens, "
+                f"Prompt {i} has {len(ids)} tokens; with max_new_tokens={sampling.max_new_tokens} "
+                f"that is {total} tokens, "
                 f"over max_model_len={max_model_len}.",
-                "Raise max_model_len (prompt_len_tokens + response_len_tokens), shorten prompts, or lower max_new_tokens.",
+                "Raise max_model_len (prompt_len_tokens + response_len_tokens), shorten prompts, "
+                "or lower max_new_tokens.",
             )
 
 

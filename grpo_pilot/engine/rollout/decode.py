@@ -121,7 +121,8 @@ def sample_next(
 
 
 def draw_uniforms(rows: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
-    """[rows, 1] fp32 uniforms in [0, 1) from `generator`: one per row and token, the sampler's whole use of randomness."""
+    """[rows, 1] fp32 uniforms in [0, 1) from `generator`: one per row and token, the sampler's whole use
+    of randomness."""
     return torch.rand((rows, 1), generator=generator, device=device, dtype=torch.float32)
 
 
@@ -131,7 +132,8 @@ def should_compact(num_finished: int, num_rows: int, compact_fraction: float | N
 
 
 def _step_mask(model: Any, key_mask: Tensor) -> Tensor:
-    """The mask transformers' forward gets per step: SDPA a ready boolean [R, 1, 1, total], other kernels the 2-D mask."""
+    """The mask transformers' forward gets per step: SDPA a ready boolean [R, 1, 1, total], other kernels
+    the 2-D mask."""
     return (
         key_mask[:, None, None, :] if getattr(model.config, "_attn_implementation", None) == "sdpa" else key_mask.long()
     )
