@@ -164,33 +164,38 @@ def build_space(inputs: PlanInputs, pins: Mapping[str, Any] | None = None) -> Se
     return SearchSpace(choices=choices, pinned=pins)
 
 
-def knobs_for(space: SearchSpace, params: Mapping[str, Any]) -> Knobs:
-    """Knobs from a point of the space (pins and unsearched knobs keep their values)."""
-    values: dict[str, Any] = dict(space.pinned)
+def update_batch_value(knobs: Knobs) -> str:
+    """The `update_batch` label of knobs: 'tokens:N' with dynamic batching, else 'micro:N'."""
+    if knobs.dynamic_batching:
+        return f"tokens:{knobs.max_token_len_per_gpu}"
+    return f"micro:{knobs.micro_batch_size_per_gpu}"
+
+
+def knobs_at_point(values: Mapping[str, Any], params: Mapping[str, Any]) -> Knobs:
+    """Knobs from `values` with a point's `params` set (its `update_batch` label decoded)."""
+    out = dict(values)
     for name, value in params.items():
         if name == UPDATE_BATCH:
             kind, _, number = str(value).partition(":")
             if kind == "micro":
-                values["micro_batch_size_per_gpu"], values["max_token_len_per_gpu"] = int(number), None
+                out["micro_batch_size_per_gpu"], out["max_token_len_per_gpu"] = int(number), None
             else:
-                values["max_token_len_per_gpu"] = int(number)
+                out["max_token_len_per_gpu"] = int(number)
         else:
-            values[name] = value
-    return Knobs(**values)
+            out[name] = value
+    return Knobs(**out)
+
+
+def knobs_for(space: SearchSpace, params: Mapping[str, Any]) -> Knobs:
+    """Knobs from a point of the space (pins and unsearched knobs keep their values)."""
+    return knobs_at_point(space.pinned, params)
 
 
 def params_for(space: SearchSpace, knobs: Knobs) -> dict[str, Any]:
     """The point of the space matching `knobs` (values not among the choices are left out)."""
     out: dict[str, Any] = {}
     for name, options in space.choices.items():
-        if name == UPDATE_BATCH:
-            value: Any = (
-                f"tokens:{knobs.max_token_len_per_gpu}"
-                if knobs.dynamic_batching
-                else f"micro:{knobs.micro_batch_size_per_gpu}"
-            )
-        else:
-            value = getattr(knobs, name)
+        value = update_batch_value(knobs) if name == UPDATE_BATCH else getattr(knobs, name)
         if value in options:
             out[name] = value
     return out

@@ -27,8 +27,8 @@ from pydantic import Field
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs, old_logprob_pass_needed
 from grpo_pilot.planner.plan import Plan
+from grpo_pilot.planner.search import UPDATE_BATCH, knobs_at_point, update_batch_value
 
-UPDATE_BATCH = "update_batch"
 UTILIZATION_CHOICES: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 BATCH_POWERS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 PARALLEL_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
@@ -57,13 +57,6 @@ class TuneSpace(Frozen):
 
 def _divides_heads(heads: int, kv_heads: int, k: int) -> bool:
     return heads % k == 0 and (kv_heads % k == 0 or k % kv_heads == 0)
-
-
-def update_batch_value(knobs: Knobs) -> str:
-    """The `update_batch` label of knobs: 'tokens:N' with dynamic batching, else 'micro:N'."""
-    if knobs.max_token_len_per_gpu is not None:
-        return f"tokens:{knobs.max_token_len_per_gpu}"
-    return f"micro:{knobs.micro_batch_size_per_gpu}"
 
 
 def _with(values: tuple[Value, ...], extra: Value) -> tuple[Value, ...]:
@@ -124,17 +117,7 @@ def build_space(plan: Plan) -> TuneSpace:
 
 def knobs_at(space: TuneSpace, params: Mapping[str, Any]) -> Knobs:
     """Knobs of one point (dimensions not in `params` keep the base values)."""
-    values = space.base.model_dump()
-    for name, value in params.items():
-        if name == UPDATE_BATCH:
-            kind, _, number = str(value).partition(":")
-            if kind == "micro":
-                values["micro_batch_size_per_gpu"], values["max_token_len_per_gpu"] = int(number), None
-            else:
-                values["max_token_len_per_gpu"] = int(number)
-        else:
-            values[name] = value
-    return Knobs(**values)
+    return knobs_at_point(space.base.model_dump(), params)
 
 
 def params_of(space: TuneSpace, knobs: Knobs) -> dict[str, Value] | None:
