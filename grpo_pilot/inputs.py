@@ -34,8 +34,9 @@ class JsonProblem(ValueError):
 
 
 def kind_of(mode: int) -> str:
-    """What a non-regular file is, in words ('a directory', 'a named pipe', ...)."""
+    """What a file is, in words ('a regular file', 'a directory', 'a named pipe', ...)."""
     for test, name in (
+        (stat.S_ISREG, "a regular file"),
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISFIFO, "a named pipe"),
         (stat.S_ISCHR, "a character device"),
@@ -45,7 +46,7 @@ def kind_of(mode: int) -> str:
     ):
         if test(mode):
             return name
-    return "not a regular file"
+    return "an unknown kind of file"
 
 
 def input_file(path: str | os.PathLike[str], what: str, hint: str = "Check the path.") -> Path:

@@ -102,8 +102,7 @@ def prepare_output_dir(path: str | os.PathLike[str], *, flag: str = "", what: st
     if st is not None:
         if not stat.S_ISDIR(st.st_mode):
             raise InputError(
-                f"{_where(flag, p)} is {kind_of(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}, "
-                f"not a directory; the {what} holds several files.",
+                f"{_where(flag, p)} is {kind_of(st.st_mode)}, not a directory; the {what} holds several files.",
                 "Name a new or existing directory.",
             )
         if not os.access(p, os.W_OK | os.X_OK):

@@ -60,9 +60,7 @@ def check_buildable(cfg: dict[str, Any], name: str) -> None:
     try:
         AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # transformers' validators raise several types (ValueError, strict-dataclass errors)
-        raise InputError(
-            f"transformers refuses the model config '{name}' ({_first_line(exc)}).", hint
-        ) from None
+        raise InputError(f"transformers refuses the model config '{name}' ({_first_line(exc)}).", hint) from None
     finally:
         hf_logging.set_verbosity(previous)
 
