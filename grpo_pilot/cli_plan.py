@@ -52,10 +52,10 @@ def parse_pins(texts: list[str]) -> dict[str, Any]:
         if key in given:
             same = "repeats" if given[key].strip() == raw.strip() else "contradicts"
             raise InputError(
-                f"--pin {key} is given twice ('{given[key]}' and '{text}'): the second {same} the first.",
+                f"--pin {key} is given twice ('{key}={given[key]}' and '{text}'): the second {same} the first.",
                 f"Pin {key} once.",
             )
-        given[key] = text
+        given[key] = raw
         value: Any = None if raw.strip().lower() in _NONE_WORDS else raw.strip()
         try:
             pins[key] = getattr(Knobs(**{key: value}), key)

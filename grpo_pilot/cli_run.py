@@ -142,6 +142,9 @@ def main(
     }
     flags.update(parse_set_option(set_))
     cfg = build_run_config(file_values, flags, source=f"run config ({config})" if config else "command line")
+    from grpo_pilot.engine.assemble import check_executable
+
+    check_executable(the_plan, cfg)  # what the engine cannot run at all comes first: --force cannot help
     _recheck(the_plan, plan, force=force)
 
     from grpo_pilot.engine.loop import run

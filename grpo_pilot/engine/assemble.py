@@ -125,6 +125,11 @@ def _check_executable(plan: Plan, backend: str) -> Topology:
     return topology_for(plan)
 
 
+def check_executable(plan: Plan, cfg: RunConfig) -> None:
+    """What this engine can never run (whatever the memory): refused before the planner's re-check."""
+    _check_executable(plan, cfg.rollout_backend or plan.knobs.rollout_backend)
+
+
 def resolve_loss(plan: Plan, cfg: RunConfig, max_new_tokens: int) -> LossSettings:
     """Loss keywords: config values, with the plan deciding KL (ref model) and default entropy."""
     kl_coef = cfg.kl_coef if cfg.kl_coef is not None else (VERL_KL_LOSS_COEF if plan.workload.use_kl_loss else 0.0)

@@ -55,7 +55,7 @@ class Recheck(Frozen):
 
     def reason(self) -> str:
         """Why the plan may not run, in one sentence."""
-        why = self.violations[0] if self.violations else "see grpo-plan's table for this plan"
+        why = (self.violations[0] if self.violations else "see grpo-plan's table for this plan").rstrip(".")
         if not self.file_fits:
             return f"the plan file is marked as not fitting ({why})"
         return f"re-checked with this planner, the plan does not fit: {self.binding}: {why}"
