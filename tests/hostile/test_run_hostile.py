@@ -111,7 +111,8 @@ def test_force_lets_a_not_fitting_plan_through_to_the_next_check(scratch, tmp_pa
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(_edited(fits=False)))
     scratch.mark()
-    result = invoke(app, [plan, *RUN_GOOD, "--dataset", tmp_path / "none.jsonl", "--out", scratch.root / "r", "--force"])
+    args = [plan, *RUN_GOOD, "--dataset", tmp_path / "none.jsonl", "--out", scratch.root / "r", "--force"]
+    result = invoke(app, args)
     err = assert_refused(result, 2, "does not exist")
     assert "warning: --force" in err and "marked as not fitting" in err
     scratch.check()
@@ -161,7 +162,10 @@ FLAG_CASES = [
 ]
 
 
-@pytest.mark.parametrize("flags,fragment", FLAG_CASES, ids=["threads", "lr", "set-inf", "set-deep", "set-unknown", "mnt"])
+FLAG_IDS = ["threads", "lr", "set-inf", "set-deep", "set-unknown", "mnt"]
+
+
+@pytest.mark.parametrize("flags,fragment", FLAG_CASES, ids=FLAG_IDS)
 def test_bad_flags(scratch, flags, fragment):
     scratch.mark()
     assert_refused(_run(scratch, TINY_PLAN, *flags, good=RUN_MINIMAL), 2, fragment)
@@ -170,7 +174,7 @@ def test_bad_flags(scratch, flags, fragment):
 
 DATA_CASES = [
     ("nested", ("[" * 200_000 + "]" * 200_000 + "\n").encode(), (), "nested deeper than"),
-    ("nested-skip", ("{\"prompt\": " + "[" * 200_000 + "]" * 200_000 + "}\n").encode(), ("--skip-invalid",), "no usable"),
+    ("nested-skip", ('{"prompt": ' + "[" * 200_000 + "]" * 200_000 + "}\n").encode(), ("--skip-invalid",), "no usable"),
     ("nul", b'{"prompt": "a"}\n\x00\x00\n', (), "NUL byte"),
     ("latin1", '{"prompt": "caf\u00e9"}\n'.encode("latin-1"), (), "not valid UTF-8"),
     ("huge-number", b'{"prompt": "a", "answer": 1e999}\n', (), "too large"),
