@@ -167,3 +167,29 @@ def test_memory_verdict_still_exit_3(scratch):
     scratch.mark()
     assert_refused(invoke(app, args), 3, "Nothing fits", "No plan file was written")
     scratch.check()
+
+
+def test_suggestions_respect_the_divisibility_rule(scratch):
+    # 30 prompts × n=5 = 150 responses: no larger layout of 8-GPU nodes divides them, so "more GPUs" is not
+    # offered as if it could help; the suggestion names a prompts-per-step that would let it
+    args = ["--model", "llama-70b", "--gpus", "3xH100", "--trials", "8", "--prompts-per-step", "30"]
+    args += ["--mini-batch", "6", "--n", "5", "--out", scratch.root / "p.json"]
+    scratch.mark()
+    err = assert_refused(invoke(app, args), 3, "prompts per step × n = 150", "--prompts-per-step 32")
+    assert "fewest" not in err
+    scratch.check()
+
+
+def test_atomic_writes_only_replace_regular_files(tmp_path):
+    from grpo_pilot.atomic import atomic_write_text
+    from grpo_pilot.errors import InputError
+
+    (tmp_path / "d").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    for target, fragment in (("/dev/null", "character device"), (tmp_path / "d", "directory"),
+                             (tmp_path / "fifo", "named pipe")):  # fmt: skip
+        with pytest.raises(InputError, match=fragment):
+            atomic_write_text(target, "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "fifo"]  # no temp file left behind
+    atomic_write_text(tmp_path / "ok.json", "{}")
+    assert (tmp_path / "ok.json").read_text() == "{}"
