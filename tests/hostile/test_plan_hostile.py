@@ -193,3 +193,18 @@ def test_atomic_writes_only_replace_regular_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "fifo"]  # no temp file left behind
     atomic_write_text(tmp_path / "ok.json", "{}")
     assert (tmp_path / "ok.json").read_text() == "{}"
+
+
+def test_lengths_and_launch_files(scratch, tmp_path):
+    scratch.mark()
+    deep = tmp_path / "lengths.jsonl"
+    deep.write_text("[" * 200_000 + "]" * 200_000 + "\n")
+    assert_refused(invoke(app, [*TINY_MODEL_FLAGS, "--lengths", deep]), 2, "lengths.jsonl:1", "nested deeper")
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text('{"prompt_tokens": 1e999, "response_tokens": 3}\n')
+    assert_refused(invoke(app, [*TINY_MODEL_FLAGS, "--lengths", huge]), 2, "too large")
+    os.mkfifo(tmp_path / "launch.sh")
+    assert_refused(invoke(app, ["--from-verl", tmp_path / "launch.sh", "--gpus", "H100"]), 2, "named pipe")
+    (tmp_path / "trl.yaml").write_bytes(b"\x00\x01binary")
+    assert_refused(invoke(app, ["--from-trl", tmp_path / "trl.yaml", "--gpus", "8xH100"]), 2, "binary")
+    scratch.check()
