@@ -93,7 +93,7 @@ def main(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no summary table."),
 ) -> None:
     """Run short real trials of candidate knobs for PLAN and write the best measured plan."""
-    from grpo_pilot.planner.plan import load_plan
+    from grpo_pilot.planner.plan import check_plan_out, load_plan
     from grpo_pilot.tuner.display import SweepDisplay
     from grpo_pilot.tuner.prior import memory_limit
     from grpo_pilot.tuner.report import write_outputs
@@ -106,6 +106,7 @@ def main(
     _require_engine()
     cap = _memory_cap(config)
     prepare_output_dir(out, flag="--out", what="tuning directory")
+    check_plan_out(out / "plan.json", flag="--out")  # the best plan goes there: only over an earlier plan
     with DirectoryLock(out, "grpo-tune"):  # a second grpo-tune on this --out is refused with our PID
         console = Console(stderr=True)
         url = storage or default_storage(out)

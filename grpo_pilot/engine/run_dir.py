@@ -25,11 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pilot.atomic import atomic_write_text
-from grpo_pilot.engine.checkpoint import list_checkpoints
-from grpo_pilot.engine.failures import Failure, clear_failure, write_failure
+from grpo_pilot.engine.checkpoint import CKPT_DIR, list_checkpoints
+from grpo_pilot.engine.failures import FAILURE_FILE, Failure, clear_failure, write_failure
 from grpo_pilot.engine.metrics import MetricsLog
 from grpo_pilot.errors import InputError
 from grpo_pilot.inputs import JsonProblem, parse_json
+from grpo_pilot.outputs import check_output_file
+
+OUTPUT_FILES = ("metrics.jsonl", "lengths.jsonl", "profile.json", "workers.json", "run_config.json", FAILURE_FILE)
 
 
 class RunDirectory:
@@ -41,7 +44,17 @@ class RunDirectory:
         self.lengths = MetricsLog(self.path / "lengths.jsonl")
 
     def check_start(self, *, resume: bool) -> None:
-        """A fresh run needs an empty directory (no metrics, no checkpoints)."""
+        """A fresh run needs an empty directory (no metrics, no checkpoints); every file a run writes must be
+        absent or a regular file (a symbolic link, a named pipe or a directory in its place is refused before
+        anything runs: appending to a pipe would block, to a link would write wherever it points)."""
+        for name in OUTPUT_FILES:
+            check_output_file(self.path / name, what=f"run's {name}")
+        if (self.path / CKPT_DIR).is_symlink():
+            raise InputError(
+                f"'{self.path / CKPT_DIR}' is a symbolic link; grpo-run writes its checkpoints only into a directory "
+                "of its own.",
+                "Remove the link, or choose another --out.",
+            )
         if not resume and (self.metrics.size() > 0 or list_checkpoints(self.path)):
             raise InputError(
                 f"'{self.path}' already holds a run (metrics.jsonl or checkpoints).",

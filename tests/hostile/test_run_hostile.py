@@ -210,3 +210,21 @@ def test_skip_invalid_skips_a_deeply_nested_line(tmp_path):
     prompts = load_prompts(path, skip_invalid=True)
     assert len(prompts.records) == 2 and prompts.skipped == 1
     assert "nested deeper than" in prompts.skip_reasons[0] and ":2:" in prompts.skip_reasons[0]
+
+
+OCCUPIED = [
+    ("metrics-fifo", lambda out: os.mkfifo(out / "metrics.jsonl"), "named pipe"),
+    ("lengths-symlink", lambda out: os.symlink("/etc/hostname", out / "lengths.jsonl"), "symbolic link"),
+    ("profile-dir", lambda out: (out / "profile.json").mkdir(), "is a directory"),
+    ("checkpoints-symlink", lambda out: os.symlink(out.parent, out / "checkpoints"), "symbolic link"),
+]
+
+
+@pytest.mark.parametrize("name,occupy,fragment", OCCUPIED, ids=[c[0] for c in OCCUPIED])
+def test_run_outputs_occupied_by_non_regular_files(scratch, name, occupy, fragment):
+    out = scratch.root / "run"
+    out.mkdir()
+    occupy(out)
+    scratch.mark()
+    assert_refused(_run(scratch, out=str(out)), 2, fragment)  # refused up front, not after training
+    scratch.check()
