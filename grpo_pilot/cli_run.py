@@ -42,12 +42,14 @@ def _recheck(the_plan: Any, path: Path, *, force: bool) -> None:
     from grpo_pilot.planner.recheck import recheck
 
     verdict = recheck(the_plan)
-    if verdict.mismatch is not None and not force:
-        raise InputError(
+    if verdict.mismatch is not None:
+        problem = (
             f"'{path}' does not add up: its predictions are not what its own inputs give ({verdict.mismatch}); "
-            f"it was edited by hand or written by another grpo-pilot version ({the_plan.provenance.tool_version}).",
-            "Re-create it with grpo-plan, or pass --force to run it as it is.",
+            f"it was edited by hand or written by another grpo-pilot version ({the_plan.provenance.tool_version})"
         )
+        if not force:
+            raise InputError(f"{problem}.", "Re-create it with grpo-plan, or pass --force to run it as it is.")
+        print(f"warning: --force: running although {problem}.", file=sys.stderr)
     if verdict.file_fits and verdict.fits:
         return
     if force:

@@ -168,13 +168,6 @@ class ConfigProblem(ValueError):
         self.field = field
 
 
-def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
-    for key in keys:
-        if cfg.get(key) is not None:
-            return cfg[key]
-    return default
-
-
 def _size(cfg: dict[str, Any], *keys: str, default: int | None = None, minimum: int = 1) -> int:
     """An integer size field (the first of `keys` present): a JSON integer (or an integral number such as
     4096.0) within [minimum, SIZE_BOUNDS]; booleans, strings, fractions and absurd values are refused."""

@@ -100,6 +100,16 @@ def test_bad_plan(scratch, tmp_path, name, data, code, fragment):
     scratch.check()
 
 
+def test_force_warns_about_an_edited_plan(scratch, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(_edited(workload__n=100_000)))
+    scratch.mark()
+    args = [plan, *RUN_GOOD, "--dataset", tmp_path / "none.jsonl", "--out", scratch.root / "r", "--force"]
+    err = assert_refused(invoke(app, args), 2, "does not exist")  # past the re-check, stopped by the next input
+    assert "warning: --force: running although" in err and "does not add up" in err
+    scratch.check()
+
+
 def test_plan_that_is_a_device_or_a_directory(scratch, tmp_path):
     scratch.mark()
     assert_refused(_run(scratch, "/dev/zero"), 2, "character device")  # never read forever
