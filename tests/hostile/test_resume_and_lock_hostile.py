@@ -88,6 +88,17 @@ def test_truncated_metrics_are_cut_back_not_padded(finished_run, tmp_path):
     assert _steps(out) == [1, 3]
 
 
+def test_hand_edited_byte_counts_never_pad(finished_run, tmp_path):
+    out = _copy(finished_run, tmp_path)
+    _edit_state(out, metrics_bytes=10**6, lengths_bytes=10**7)  # far past the files' ends
+    result = invoke(app, [*RESUME, "--steps", "3", "--resume", "--out", out])
+    assert result.exit_code == 0, result.output
+    assert "metrics.jsonl did not match" in result.stderr and "lengths.jsonl did not match" in result.stderr
+    assert _steps(out) == [1, 2, 3]
+    lengths = (out / "lengths.jsonl").read_bytes()
+    assert b"\x00" not in lengths and {json.loads(line)["step"] for line in lengths.splitlines()} == {1, 2, 3}
+
+
 def test_trailing_garbage_is_dropped(finished_run, tmp_path):
     out = _copy(finished_run, tmp_path)
     with open(out / "metrics.jsonl", "ab") as handle:
