@@ -9,6 +9,7 @@ constraint and suggestions on stderr (--json still prints the evaluated plan); b
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -21,9 +22,10 @@ from grpo_pilot.cli_plan_render import list_models, render
 from grpo_pilot.errors import InfeasibleError, InputError
 from grpo_pilot.hardware.cluster import Cluster, parse_cluster, parse_size_bytes
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
-from grpo_pilot.planner.plan import Plan, save_plan
+from grpo_pilot.planner.plan import Plan, check_plan_out, save_plan
 from grpo_pilot.planner.search import DEFAULT_TRIALS
 from grpo_pilot.profiles.catalog import resolve_model
+from grpo_pilot.profiles.gguf import is_gguf_ref
 from grpo_pilot.units import GiB
 
 TARGETS = ("grpo-pilot", "verl", "trl")
@@ -41,11 +43,19 @@ def parse_pins(texts: list[str]) -> dict[str, Any]:
     """`KEY=VALUE` strings → validated knob values; a bad key or value is a usage error (exit 2)."""
     keys = ", ".join(KNOB_KEYS)
     pins: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for text in texts:
         key, sep, raw = text.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in KNOB_KEYS:
             raise InputError(f"--pin '{text}' is not KEY=VALUE with a known knob key.", f"Knob keys: {keys}.")
+        if key in given:
+            same = "repeats" if given[key].strip() == raw.strip() else "contradicts"
+            raise InputError(
+                f"--pin {key} is given twice ('{key}={given[key]}' and '{text}'): the second {same} the first.",
+                f"Pin {key} once.",
+            )
+        given[key] = raw
         value: Any = None if raw.strip().lower() in _NONE_WORDS else raw.strip()
         try:
             pins[key] = getattr(Knobs(**{key: value}), key)
@@ -54,9 +64,25 @@ def parse_pins(texts: list[str]) -> dict[str, Any]:
     try:
         Knobs(**pins)
     except ValidationError as exc:
-        msg = exc.errors()[0]["msg"]
-        raise InputError(f"The pinned knobs do not combine: {msg}.", f"Knob keys: {keys}.") from None
+        msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise InputError(
+            f"The pinned knobs contradict each other: {msg}.", "Drop or change one of the --pin flags."
+        ) from None
     return pins
+
+
+def check_pins(inputs: Any, pins: dict[str, Any]) -> None:
+    """A pin that breaks a divisibility or size rule on this model and cluster is bad input (exit 2)."""
+    from grpo_pilot.planner.pins import pin_conflicts
+
+    broken = pin_conflicts(inputs, pins)
+    if broken:
+        shown = " ".join(f"--pin {k}={v}" for k, v in pins.items())
+        raise InputError(
+            f"The pins ({shown}) cannot work on {inputs.cluster.label()} with this model: rule "
+            f"{broken[0].rule}: {broken[0].message}",
+            "Change or drop that --pin (without it the search can satisfy the rule).",
+        )
 
 
 def _cluster(gpus: str, host_bytes: int | None) -> Cluster:
@@ -71,6 +97,11 @@ def _inputs(model: str, cluster: Cluster, workload: Workload, target: str, headr
     from grpo_pilot.planner.evaluate import PlanInputs, model_ref
 
     resolved = resolve_model(model)
+    if resolved.hub_id is None and Path(resolved.resolved).exists() and not is_gguf_ref(model):
+        from grpo_pilot.profiles.buildable import check_buildable
+        from grpo_pilot.profiles.spec import load_hf_config
+
+        check_buildable(*load_hf_config(resolved.resolved))  # transformers' own validation, where installed
     headroom = None if headroom_gib is None else int(headroom_gib * GiB)
     return PlanInputs(
         model=model_ref(resolved), cluster=cluster, workload=workload, target=target, headroom_bytes=headroom
@@ -240,6 +271,8 @@ def main(
     if from_verl and from_trl:
         raise InputError("--from-verl and --from-trl both name the configuration.", "Use one of them.")
     launch = from_verl or from_trl
+    if out:
+        check_plan_out(out)  # before any work: a directory, a device or a foreign file is refused now
     if emit is not None and emit not in EMITS:
         raise InputError(f"Unknown --emit '{emit}'.", f"Choose one of: {', '.join(EMITS)}.")
     if emit and json_out:
@@ -299,6 +332,8 @@ def main(
 
         inputs = _inputs(model, _cluster(gpus, host_bytes), workload, chosen_target, headroom_gib)
         plan = make_plan(inputs, pins=pins, trials=trials or DEFAULT_TRIALS, seed=seed)
+        if not plan.fits:
+            check_pins(inputs, pins)
     if json_out:
         typer.echo(plan.to_json(), nl=False)
     else:

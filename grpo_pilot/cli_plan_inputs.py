@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpo_pilot.errors import InputError
+from grpo_pilot.inputs import read_input_text
 from grpo_pilot.hardware.cluster import Cluster, parse_cluster
 from grpo_pilot.hardware.gpus import lookup_gpu
 from grpo_pilot.planner.config import Workload
@@ -111,9 +112,5 @@ def launch_cluster(gpus: str | None, num_nodes: int, gpus_per_node: int, host_by
 
 
 def read_text(path: str, what: str) -> str:
-    try:
-        return Path(path).read_text()
-    except FileNotFoundError:
-        raise InputError(f"No {what} at '{path}'.", "Check the path.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"Cannot read the {what} '{path}' ({exc}).", "Check the file.") from None
+    """A launch file's text: a regular UTF-8 file (inputs.py refuses pipes, devices, binary files)."""
+    return read_input_text(path, what, hint="Check the path.")

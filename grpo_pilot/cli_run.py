@@ -3,18 +3,21 @@
 Settings come from the run config file and flags (flags win; `--set KEY=VALUE` reaches every
 setting of `RunConfig`). Outputs in the output directory: metrics.jsonl, checkpoints/,
 profile.json (measured vs predicted per phase) and run_config.json. Exit status 2 for bad input
-(missing/corrupt plan, bad dataset line, bad reward spec, ...), 1 when the run itself fails.
+(missing/corrupt plan, bad dataset line, bad reward spec, an --out that is not a directory or is
+locked by another run, ...), 3 when the plan does not fit (marked so, or re-checked by the planner;
+`--force` runs it anyway), 1 when the run itself fails.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from grpo_pilot.cli import handle_errors
+from grpo_pilot.errors import InfeasibleError, InputError
 
 app = typer.Typer(add_completion=False, help="Run GRPO for a plan.json and compare measured memory/time with the plan.")
 
@@ -32,6 +35,31 @@ def _check_sandbox(value: bool) -> None:
     else:
         print("=> no isolation here: the code reward refuses to run unless --allow-unsandboxed-code is given")
     raise typer.Exit(0 if chosen.available else 1)
+
+
+def _recheck(the_plan: Any, path: Path, *, force: bool) -> None:
+    """Refuse (exit 3) a plan that does not fit by its own verdict or the planner's re-check, unless --force."""
+    from grpo_pilot.planner.recheck import recheck
+
+    verdict = recheck(the_plan)
+    if verdict.mismatch is not None:
+        problem = (
+            f"'{path}' does not add up: its predictions are not what its own inputs give ({verdict.mismatch}); "
+            f"it was edited by hand or written by another grpo-pilot version ({the_plan.provenance.tool_version})"
+        )
+        if not force:
+            raise InputError(f"{problem}.", "Re-create it with grpo-plan, or pass --force to run it as it is.")
+        print(f"warning: --force: running although {problem}.", file=sys.stderr)
+    if verdict.file_fits and verdict.fits:
+        return
+    if force:
+        print(f"warning: --force: running '{path}' although {verdict.reason()}.", file=sys.stderr)
+        return
+    raise InfeasibleError(
+        f"Not running '{path}': {verdict.reason()}.",
+        "Re-plan with grpo-plan (it searches knobs that fit), or pass --force to run it anyway (it may run out "
+        "of memory).",
+    )
 
 
 @app.command()
@@ -76,6 +104,9 @@ def main(
         "--allow-unsandboxed-code",
         help="Let the code reward run with resource limits only where no sandbox (bwrap/unshare) works.",
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Run a plan the planner says does not fit (the file's verdict or a re-check)."
+    ),
     check_sandbox: bool = typer.Option(
         False,
         "--check-sandbox",
@@ -113,6 +144,10 @@ def main(
     }
     flags.update(parse_set_option(set_))
     cfg = build_run_config(file_values, flags, source=f"run config ({config})" if config else "command line")
+    from grpo_pilot.engine.assemble import check_executable
+
+    check_executable(the_plan, cfg)  # what the engine cannot run at all comes first: --force cannot help
+    _recheck(the_plan, plan, force=force)
 
     from grpo_pilot.engine.loop import run
     from grpo_pilot.engine.metrics import summary_table

@@ -5,7 +5,8 @@ the plan and let the planner rank it → open (or continue) the Optuna study in 
 trials until the study holds N counted trials (`tuner.sweep`) → write DIR/plan.json (best measured),
 DIR/trials.csv and DIR/report.png, and print the best trials. Ctrl-C or SIGTERM stops after marking
 the running trial interrupted (its point runs again next time) and still writes the outputs.
-Exit status: 0 with at least one measured trial; 1 when no trial could be measured; 2 bad input.
+Exit status: 0 with at least one measured trial; 1 when no trial could be measured; 2 bad input (an
+--out that is not a directory, or that another grpo-tune holds: the directory is locked while it runs).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rich.table import Table
 
 from grpo_pilot.cli import handle_errors
 from grpo_pilot.errors import InputError, RunError
+from grpo_pilot.outputs import DirectoryLock, prepare_output_dir
 
 app = typer.Typer(
     add_completion=False,
@@ -91,7 +93,7 @@ def main(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no summary table."),
 ) -> None:
     """Run short real trials of candidate knobs for PLAN and write the best measured plan."""
-    from grpo_pilot.planner.plan import load_plan
+    from grpo_pilot.planner.plan import check_plan_out, load_plan
     from grpo_pilot.tuner.display import SweepDisplay
     from grpo_pilot.tuner.prior import memory_limit
     from grpo_pilot.tuner.report import write_outputs
@@ -103,51 +105,54 @@ def main(
     base = load_plan(plan)
     _require_engine()
     cap = _memory_cap(config)
-    console = Console(stderr=True)
-    url = storage or default_storage(out)
-    the_study = open_study(url, study)
-    space = build_space(base)
-    setup = prepare(base, space, memory_limit(base, cap), use_prior=True)
-    check_identity(the_study, base, setup.space)
-    settings = SweepSettings(
-        trials=trials,
-        steps_per_trial=steps_per_trial,
-        trial_timeout_s=trial_timeout,
-        out_dir=str(out),
-        config_path=str(config.resolve()),
-        memory_cap_bytes=cap,
-    )
-    if not quiet:
-        dims = ", ".join(f"{k} ({len(v)})" for k, v in setup.space.choices.items())
-        console.print(
-            f"study '{study}' in {url}; space: {dims} = {setup.space.size} points",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
+    prepare_output_dir(out, flag="--out", what="tuning directory")
+    check_plan_out(out / "plan.json", flag="--out")  # the best plan goes there: only over an earlier plan
+    with DirectoryLock(out, "grpo-tune"):  # a second grpo-tune on this --out is refused with our PID
+        console = Console(stderr=True)
+        url = storage or default_storage(out)
+        the_study = open_study(url, study)
+        space = build_space(base)
+        setup = prepare(base, space, memory_limit(base, cap), use_prior=True)
+        check_identity(the_study, base, setup.space)
+        settings = SweepSettings(
+            trials=trials,
+            steps_per_trial=steps_per_trial,
+            trial_timeout_s=trial_timeout,
+            out_dir=str(out),
+            config_path=str(config.resolve()),
+            memory_cap_bytes=cap,
         )
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    failure: BaseException | None = None
-    try:
-        with SweepDisplay(console, quiet=quiet) as display:
-            Sweep(the_study, base, setup, settings, SubprocessRunner(), display).run()
-    except (KeyboardInterrupt, RunError) as exc:
-        failure = exc
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    done = records(the_study)
-    outputs = write_outputs(out, base, done)
-    if failure is not None:
-        raise failure
-    for note in outputs.notes:
-        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
-    if outputs.best_trial is None:
-        raise RunError(
-            f"No trial of study '{study}' produced a measurement ({len(done)} trial(s): see {outputs.trials_csv}).",
-            "Read the failure reasons there and in OUT/trials/*/run/grpo-run.log, fix the setup, and run again.",
-        )
-    if not quiet:
-        _summary(done, Console(file=sys.stdout))
-        print(
-            f"best: trial {outputs.best_trial}. Outputs: {outputs.plan_path}, {outputs.trials_csv}, "
-            f"{outputs.report_png or '(no report.png)'}"
-        )
+        if not quiet:
+            dims = ", ".join(f"{k} ({len(v)})" for k, v in setup.space.choices.items())
+            console.print(
+                f"study '{study}' in {url}; space: {dims} = {setup.space.size} points",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        failure: BaseException | None = None
+        try:
+            with SweepDisplay(console, quiet=quiet) as display:
+                Sweep(the_study, base, setup, settings, SubprocessRunner(), display).run()
+        except (KeyboardInterrupt, RunError) as exc:
+            failure = exc
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        done = records(the_study)
+        outputs = write_outputs(out, base, done)
+        if failure is not None:
+            raise failure
+        for note in outputs.notes:
+            console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+        if outputs.best_trial is None:
+            raise RunError(
+                f"No trial of study '{study}' produced a measurement ({len(done)} trial(s): see {outputs.trials_csv}).",
+                "Read the failure reasons there and in OUT/trials/*/run/grpo-run.log, fix the setup, and run again.",
+            )
+        if not quiet:
+            _summary(done, Console(file=sys.stdout))
+            print(
+                f"best: trial {outputs.best_trial}. Outputs: {outputs.plan_path}, {outputs.trials_csv}, "
+                f"{outputs.report_png or '(no report.png)'}"
+            )

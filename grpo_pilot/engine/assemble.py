@@ -23,7 +23,7 @@ from grpo_pilot.engine.data import PromptSampler, PromptSet, load_prompts, rende
 from grpo_pilot.engine.model_factory import build_tokenizer
 from grpo_pilot.engine.rewards import RewardSettings, build_reward
 from grpo_pilot.engine.rollout import SamplingConfig
-from grpo_pilot.engine.run_config import RunConfig
+from grpo_pilot.engine.run_config import RunConfig, capped_threads
 from grpo_pilot.engine.settings import ActorSettings
 from grpo_pilot.engine.topology import Topology, topology_for
 from grpo_pilot.errors import InputError
@@ -125,6 +125,11 @@ def _check_executable(plan: Plan, backend: str) -> Topology:
     return topology_for(plan)
 
 
+def check_executable(plan: Plan, cfg: RunConfig) -> None:
+    """What this engine can never run (whatever the memory): refused before the planner's re-check."""
+    _check_executable(plan, cfg.rollout_backend or plan.knobs.rollout_backend)
+
+
 def resolve_loss(plan: Plan, cfg: RunConfig, max_new_tokens: int) -> LossSettings:
     """Loss keywords: config values, with the plan deciding KL (ref model) and default entropy."""
     kl_coef = cfg.kl_coef if cfg.kl_coef is not None else (VERL_KL_LOSS_COEF if plan.workload.use_kl_loss else 0.0)
@@ -165,7 +170,7 @@ def actor_settings(plan: Plan, cfg: RunConfig, loss: LossSettings) -> ActorSetti
 def worker_threads(cfg: RunConfig, topology: Topology, device: torch.device) -> int | None:
     """torch threads per worker: the run's setting, else (CPU, several workers) the node's cores shared out."""
     if cfg.threads is not None or device.type == "cuda" or topology.num_workers == 1:
-        return cfg.threads
+        return None if cfg.threads is None else capped_threads(cfg.threads)
     return max(1, (os.cpu_count() or 1) // topology.workers_per_node)
 
 

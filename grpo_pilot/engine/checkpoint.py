@@ -25,7 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_pilot.errors import InputError, RunError
+from pydantic import ConfigDict, Field, ValidationError
+
+from grpo_pilot.errors import InputError
+from grpo_pilot.inputs import read_json_file, validation_problem
+from grpo_pilot.models import Frozen
 
 CKPT_DIR = "checkpoints"
 PREFIX = "step-"
@@ -39,6 +43,24 @@ class Checkpoint:
     step: int
     rng: dict[str, Any]
     state: dict[str, Any]
+
+
+class CheckpointState(Frozen):
+    """state.json of a checkpoint, checked before anything is restored from it (a hand-edited or damaged
+    file is refused by field, never half-applied)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    step: int = Field(ge=1, description="The last completed step the checkpoint holds.")
+    config_hash: str = Field(min_length=1, description="RunConfig.hash of the run that wrote it.")
+    sampler: dict[str, int] = Field(description="DataSampler.state_dict() after that step.")
+    metrics_bytes: int = Field(ge=0, description="Length of metrics.jsonl when the checkpoint was taken.")
+    lengths_bytes: int | None = Field(
+        default=None, ge=0, description="Length of lengths.jsonl then (None: written before that file existed)."
+    )
+
+
+DAMAGED_HINT = "Delete that checkpoint directory to resume from the previous one, or start a new run (another --out)."
 
 
 def capture_rng() -> dict[str, Any]:
@@ -132,13 +154,25 @@ def finish_checkpoint(output_dir: str | Path, tmp: Path, *, step: int, state: di
 
 
 def _read_state(path: Path) -> dict[str, Any]:
+    """state.json validated (`CheckpointState`); its step must be the one the directory is named after."""
     try:
-        return json.loads((path / "state.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RunError(
-            f"Checkpoint '{path}' cannot be read ({exc}).",
-            "Delete that directory to resume from the previous checkpoint, or start a new run.",
+        raw = read_json_file(path / "state.json", "checkpoint state", hint=DAMAGED_HINT)
+    except InputError as exc:
+        raise InputError(f"Checkpoint '{path}' cannot be read: {exc.message}", DAMAGED_HINT) from None
+    try:
+        state = CheckpointState.model_validate(raw)
+    except ValidationError as exc:
+        raise InputError(
+            f"Checkpoint '{path}' cannot be read: its state.json is damaged ({validation_problem(exc)}).",
+            DAMAGED_HINT,
         ) from None
+    named = _step_of(path)
+    if named is not None and named != state.step:
+        raise InputError(
+            f"Checkpoint '{path}' cannot be read: its state.json says step {state.step}, its name step {named}.",
+            DAMAGED_HINT,
+        )
+    return state.model_dump(exclude_none=True)
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -149,11 +183,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     state = _read_state(p)
     try:
         rng = torch.load(p / "rng.pt", map_location="cpu", weights_only=False)  # python/numpy RNG states: our own file
-    except (OSError, pickle.UnpicklingError, RuntimeError, EOFError) as exc:
-        raise RunError(
-            f"Checkpoint '{p}' cannot be read ({exc}).",
-            "Delete that directory to resume from the previous checkpoint, or start a new run.",
-        ) from None
+    except (OSError, pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+        raise InputError(f"Checkpoint '{p}' cannot be read ({type(exc).__name__}: {exc}).", DAMAGED_HINT) from None
+    if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
+        raise InputError(f"Checkpoint '{p}' cannot be read: rng.pt lacks the generator states.", DAMAGED_HINT)
     return Checkpoint(path=p, step=int(state["step"]), rng=rng, state=state)
 
 

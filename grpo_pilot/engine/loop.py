@@ -35,7 +35,15 @@ from grpo_pilot.engine.actor import Sample
 from grpo_pilot.engine.algos.advantages import compute_advantages
 from grpo_pilot.engine.algos.dapo import overlong_penalty, zero_variance_groups
 from grpo_pilot.engine.assemble import Engine, build_engine
-from grpo_pilot.engine.checkpoint import begin_checkpoint, finish_checkpoint, latest_checkpoint, restore_rng
+from rich.console import Console
+
+from grpo_pilot.engine.checkpoint import (
+    DAMAGED_HINT,
+    begin_checkpoint,
+    finish_checkpoint,
+    latest_checkpoint,
+    restore_rng,
+)
 from grpo_pilot.engine.failures import CrashError, failure_record
 from grpo_pilot.engine.metrics import LiveDisplay
 from grpo_pilot.engine.notes import run_notes
@@ -47,9 +55,10 @@ from grpo_pilot.engine.profiling import (
     rank_profile,
     write_profile_json,
 )
-from grpo_pilot.engine.run_config import RunConfig
+from grpo_pilot.engine.run_config import RunConfig, capped_threads
 from grpo_pilot.engine.run_dir import RunDirectory
 from grpo_pilot.errors import GrpoPilotError, InputError
+from grpo_pilot.outputs import DirectoryLock, discard_created_dir, prepare_output_dir
 from grpo_pilot.planner.plan import Plan
 
 
@@ -257,11 +266,27 @@ def run(
     """Execute `plan` with `config`; writes metrics.jsonl, lengths.jsonl, checkpoints and profile.json under
     output_dir, and failure.json when the run fails. `address`: a Ray cluster to join ("auto", "HOST:PORT");
     None starts a local one when the plan has several workers."""
+    created = prepare_output_dir(config.output_dir, flag="--out", what="run directory")
+    lock = DirectoryLock(config.output_dir, "grpo-run").acquire()  # a second run on this --out is refused
+    try:
+        return _run_locked(plan, config, plan_path=plan_path, quiet=quiet, console=console, address=address)
+    except InputError:
+        if created:
+            discard_created_dir(config.output_dir)  # refused before anything was written: leave no trace
+        raise
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    plan: Plan, config: RunConfig, *, plan_path: str | Path | None, quiet: bool, console: Any, address: str | None
+) -> RunResult:
+    """`run` once its output directory is locked."""
     rd = RunDirectory(config.output_dir)
     config_hash = config.hash(plan.model_dump_json())
     rd.check_start(resume=config.resume)
     if config.threads is not None:
-        torch.set_num_threads(config.threads)
+        torch.set_num_threads(capped_threads(config.threads))
     ckpt = latest_checkpoint(rd.path, config_hash=config_hash) if config.resume else None
     _seed_everything(config.seed)
     rd.clear_failure()
@@ -279,12 +304,28 @@ def run(
     try:
         rd.write_workers(eng.group.infos)
         if ckpt is not None:
-            eng.group.load_state(str(ckpt.path))
+            try:
+                eng.group.load_state(str(ckpt.path))
+            except GrpoPilotError:
+                raise
+            except Exception as exc:  # a shard missing or damaged: the checkpoint's problem, not a bug
+                raise InputError(
+                    f"Checkpoint '{ckpt.path}' cannot be read: its model/optimizer state does not load "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}).",
+                    DAMAGED_HINT,
+                ) from None
             eng.sampler.load_state_dict(ckpt.state["sampler"])
-            restore_rng(ckpt.rng)
+            try:
+                restore_rng(ckpt.rng)
+            except (TypeError, ValueError, KeyError, RuntimeError) as exc:
+                raise InputError(
+                    f"Checkpoint '{ckpt.path}' cannot be read: its rng.pt holds unusable generator states ({exc}).",
+                    DAMAGED_HINT,
+                ) from None
             start_step = ckpt.step
         if config.resume:
-            rd.rewind(ckpt.state if ckpt is not None else None, start_step)
+            for note in rd.rewind(ckpt.state if ckpt is not None else None, start_step):
+                (console or Console(stderr=True)).print(f"note: {note}", markup=False, highlight=False)
         rd.write_json("run_config.json", config.model_dump_json(indent=2) + "\n")
         phase = None
         with LiveDisplay(config.steps, start_step=start_step, console=console, quiet=quiet) as live:

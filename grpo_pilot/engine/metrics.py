@@ -66,10 +66,11 @@ class MetricsLog:
         return self.path.stat().st_size if self.path.exists() else 0
 
     def truncate(self, size: int) -> None:
-        """Cut the file back to `size` bytes (the length recorded with a checkpoint)."""
+        """Cut the file back to `size` bytes (the length recorded with a checkpoint); never lengthens it
+        (a shorter file is not padded: `run_dir.RunDirectory.rewind` decides what to keep)."""
         if self.path.exists():
             with open(self.path, "r+b") as handle:
-                handle.truncate(size)
+                handle.truncate(min(size, os.fstat(handle.fileno()).st_size))
                 handle.flush()
                 os.fsync(handle.fileno())
 

@@ -15,15 +15,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from grpo_pilot.engine.data.callables import DEFAULT_USER_CODE_TIMEOUT_S
 from grpo_pilot.errors import InputError
+from grpo_pilot.inputs import JsonProblem, decode_text, parse_json, read_input_bytes
 from grpo_pilot.models import Frozen
+
+# Upper bounds on settings that would otherwise pass as positive numbers and then wreck the run or the
+# process: AdamW learning rates are ~1e-7..1e-3 (verl 1e-6; the tiny CPU example 2e-3), so above 1 every
+# step diverges; torch.set_num_threads(100000) makes OpenMP spawn 100k threads and crash (issue 10).
+MAX_LR = 1.0
+MAX_THREADS = 1024
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
@@ -49,6 +57,8 @@ NOT_HASHED: frozenset[str] = frozenset(
 class RunConfig(Frozen):
     """Everything `grpo-run` needs beyond the plan. Units in names; `None` = take it from the plan."""
 
+    model_config = ConfigDict(allow_inf_nan=False)  # TOML has inf/nan literals; no setting means them
+
     # data and reward
     dataset: str = Field(
         description="JSONL prompt set (formats: prompt/answer, instruction/response, input/output, chat messages)."
@@ -73,7 +83,7 @@ class RunConfig(Frozen):
 
     # schedule and optimizer (verl actor.optim defaults)
     steps: int = Field(default=100, ge=1, description="GRPO steps (rollout batches) to run.")
-    lr: float = Field(default=1e-6, gt=0.0, description="AdamW learning rate (verl actor.optim.lr 1e-6).")
+    lr: float = Field(default=1e-6, gt=0.0, le=MAX_LR, description="AdamW learning rate (verl actor.optim.lr 1e-6).")
     weight_decay: float = Field(default=0.01, ge=0.0, description="AdamW weight decay (verl 0.01).")
     adam_beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
     adam_beta2: float = Field(default=0.999, ge=0.0, lt=1.0)
@@ -141,7 +151,12 @@ class RunConfig(Frozen):
     keep_checkpoints: int = Field(default=2, ge=1, description="Newest checkpoints kept on disk.")
     resume: bool = Field(default=False, description="Continue from the newest checkpoint in output_dir.")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto = cuda when available, else cpu.")
-    threads: int | None = Field(default=None, ge=1, description="torch CPU threads (None = torch default).")
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_THREADS,
+        description="torch CPU threads (None = torch default); more than the CPUs of a node are capped to them.",
+    )
     share_prompts: bool = Field(
         default=True, description="Compute each distinct prompt once per micro-batch (Llama-family models; exact)."
     )
@@ -163,18 +178,21 @@ class RunConfig(Frozen):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def capped_threads(threads: int) -> int:
+    """`threads` capped to this machine's CPUs (more threads than cores only slow torch down)."""
+    return max(1, min(threads, os.cpu_count() or 1))
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Raw values from a TOML (`.toml`) or JSON file; a `[run]` table, if present, is the config."""
     p = Path(path)
+    hint = "Pass an existing UTF-8 TOML/JSON file to --config."
+    text = decode_text(read_input_bytes(p, "run config", hint=hint), str(p), "run config", hint)
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise InputError(f"No run config at '{p}'.", "Pass an existing TOML/JSON file to --config.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"Cannot read run config '{p}' ({exc}).", "Pass a readable UTF-8 TOML/JSON file.") from None
-    try:
-        raw = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raw = parse_json(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
+    except RecursionError:
+        raise InputError(f"Run config '{p}' nests too deeply.", "See examples/tiny/run.toml.") from None
+    except (JsonProblem, tomllib.TOMLDecodeError) as exc:
         raise InputError(
             f"Run config '{p}' is not valid {'JSON' if p.suffix.lower() == '.json' else 'TOML'} ({exc}).",
             "Fix the syntax; see examples/tiny/run.toml.",
@@ -205,8 +223,9 @@ def build_run_config(
         if first["type"] == "extra_forbidden":
             known = ", ".join(sorted(RunConfig.model_fields))
             raise InputError(f"Unknown setting '{where}' in the {source}.", f"Known settings: {known}.") from None
+        got = repr(first.get("input"))
         raise InputError(
-            f"Bad value for '{where}' in the {source}: {first['msg']} (got {first.get('input')!r}).",
+            f"Bad value for '{where}' in the {source}: {first['msg']} (got {got[:80]}).",
             "Fix that setting; see `grpo-run --help`.",
         ) from None
 
@@ -224,7 +243,7 @@ def parse_set_option(items: list[str]) -> dict[str, Any]:
                 f"Unknown setting '{key}' in --set.", f"Known settings: {', '.join(sorted(RunConfig.model_fields))}."
             )
         try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
+            out[key] = parse_json(value)
+        except JsonProblem:
+            out[key] = value  # not JSON: the string itself (validation says whether it fits the setting)
     return out

@@ -11,12 +11,12 @@ deviations, the longest response as the rollout's tail, the maxima when the user
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from grpo_pilot.errors import InputError
+from grpo_pilot.inputs import JsonProblem, parse_json, read_input_text
 
 
 class LengthStats(NamedTuple):
@@ -66,12 +66,7 @@ def read_lengths_jsonl(path: str | Path) -> LengthStats:
         'Each line is {"prompt_tokens": int, "response_tokens": int}; grpo-run writes one per generated '
         "sample to lengths.jsonl in its output directory."
     )
-    try:
-        lines = p.read_text().splitlines()
-    except FileNotFoundError:
-        raise InputError(f"No lengths file at '{p}'.", hint) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"Cannot read the lengths file '{p}' ({exc}).", hint) from None
+    lines = read_input_text(p, "lengths file", max_bytes=None, hint=hint).splitlines()  # regular UTF-8 files only
     prompts: list[int] = []
     responses: list[int] = []
     for number, line in enumerate(lines, start=1):
@@ -79,9 +74,9 @@ def read_lengths_jsonl(path: str | Path) -> LengthStats:
             continue
         where = f"{p}:{number}"
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where} is not valid JSON ({exc.msg}).", hint) from None
+            row = parse_json(line)
+        except JsonProblem as exc:
+            raise InputError(f"{where} is not valid JSON ({exc}).", hint) from None
         if not isinstance(row, dict) or "prompt_tokens" not in row or "response_tokens" not in row:
             raise InputError(f"{where} has no prompt_tokens / response_tokens.", hint)
         prompts.append(_count(row["prompt_tokens"], "prompt_tokens", where))

@@ -11,7 +11,6 @@ Added without a version bump (older plans load; their new fields are None): `hea
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import Field, ValidationError
@@ -19,6 +18,8 @@ from pydantic import Field, ValidationError
 from grpo_pilot import __version__
 from grpo_pilot.atomic import atomic_write_text
 from grpo_pilot.errors import InputError
+from grpo_pilot.inputs import read_json_file, validation_problem
+from grpo_pilot.outputs import check_output_file
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs, PhaseName, Target, Workload
@@ -26,6 +27,7 @@ from grpo_pilot.planner.reports import PhaseMemory
 from grpo_pilot.profiles.spec import ModelSpec
 
 SCHEMA_VERSION = 1
+MAX_PLAN_BYTES = 16 << 20  # a plan.json is ~10 KiB
 
 
 class ModelRef(Frozen):
@@ -109,33 +111,41 @@ class Plan(Frozen):
         return self.model_dump_json(indent=2) + "\n"
 
 
+def is_plan_file(path: str | Path) -> bool:
+    """Whether `path` holds a plan.json (a JSON object with schema_version and knobs): what `--out` may replace."""
+    from grpo_pilot.inputs import JsonProblem, parse_json
+
+    try:
+        with open(path, "rb") as handle:
+            raw = parse_json(handle.read(MAX_PLAN_BYTES).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, JsonProblem):
+        return False
+    return isinstance(raw, dict) and "schema_version" in raw and "knobs" in raw
+
+
+def check_plan_out(path: str | Path, flag: str = "--out") -> Path:
+    """Where a plan may be written: absent, or a regular file holding an earlier plan (outputs.py)."""
+    return check_output_file(path, flag=flag, what="plan file", ours=is_plan_file)
+
+
 def save_plan(plan: Plan, path: str | Path) -> Path:
-    """Write plan.json atomically (temp file + rename)."""
-    return atomic_write_text(path, plan.to_json())
+    """Write plan.json atomically (temp file + rename); only over nothing or an earlier plan file."""
+    return atomic_write_text(check_plan_out(path), plan.to_json())
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read plan.json; corrupt, foreign or newer files raise `InputError` with what to do."""
     p = Path(path)
     redo = "Re-create it with `grpo-plan ... --out plan.json`."
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"No plan file at '{p}'.", redo) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"'{p}' is not valid JSON ({exc}).", redo) from None
+    raw = read_json_file(p, "plan file", hint=redo, max_bytes=MAX_PLAN_BYTES)
     if not isinstance(raw, dict) or "schema_version" not in raw or "knobs" not in raw:
         raise InputError(f"'{p}' is not a grpo-pilot plan (no schema_version/knobs).", redo)
     if raw["schema_version"] != SCHEMA_VERSION:
         raise InputError(
-            f"'{p}' has plan schema_version {raw['schema_version']}; this grpo-pilot reads version {SCHEMA_VERSION}.",
+            f"'{p}' has plan schema_version {raw['schema_version']!r}; this grpo-pilot reads version {SCHEMA_VERSION}.",
             redo,
         )
     try:
         return Plan.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise InputError(
-            f"'{p}' is a damaged plan: field '{where}': {first['msg']} ({exc.error_count()} problem(s)).", redo
-        ) from None
+        raise InputError(f"'{p}' is a damaged plan: {validation_problem(exc)}.", redo) from None

@@ -5,7 +5,9 @@ short sentences, in this order:
 1. turning on every offload for the configuration that failed, if that alone fits;
 2. the host RAM per node that would let a frugal configuration fit, when host RAM is what binds;
 3. the fewest GPUs of the same type that fit (same GPUs per node; more nodes), with the most
-   memory-frugal settings of the search space;
+   memory-frugal settings of the search space — only layouts whose GPU count divides prompts per
+   step × n (the binding rule batch.divisible_by_world); when no larger layout does, it says so and
+   names the --prompts-per-step that would let more GPUs help;
 4. the longest response (binary search on `response_len_tokens`) that fits on this cluster.
 A candidate "fits" when any of a small set of frugal configurations passes every check: offloads
 and checkpointing on, smallest batches and token budgets, each rollout TP of the space ×
@@ -72,15 +74,29 @@ def _cluster_sizes(cluster: Cluster) -> Iterator[tuple[int, int]]:
 def _fewest_gpus(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None:
     if inputs.cluster.gpu.is_cpu or first_fit(inputs, pins) is not None:
         return None
+    divisible = 0
     for nodes, per_node in _cluster_sizes(inputs.cluster):
         bigger = inputs.cluster.model_copy(update={"num_nodes": nodes, "gpus_per_node": per_node})
         candidate = inputs.model_copy(update={"cluster": bigger})
         if inputs.workload.responses_per_step % bigger.world_size:
-            continue
+            continue  # the binding rule batch.divisible_by_world (verl validate_config) rules this layout out
+        divisible += 1
         if first_fit(candidate, pins) is not None:
             label = bigger.label()
             return f"fewest {inputs.cluster.gpu.name} GPUs that fit: {bigger.world_size} ({label}; try --gpus {label})."
-    return None
+    return None if divisible else _indivisible(inputs)
+
+
+def _indivisible(inputs: PlanInputs) -> str:
+    """No larger layout (whole nodes, never more GPUs per node than a node holds) divides the responses per
+    step: more GPUs cannot help until prompts per step × n does (batch.divisible_by_world)."""
+    w, per_node = inputs.workload, max(inputs.cluster.gpus_per_node, 8)
+    prompts = next(p for p in range(w.prompts_per_step, w.prompts_per_step + per_node + 1) if p * w.n % per_node == 0)
+    return (
+        f"more GPUs cannot help as the job stands: prompts per step × n = {w.responses_per_step} is divisible by "
+        f"none of the larger layouts of {per_node}-GPU nodes (every GPU needs an equal share); with "
+        f"--prompts-per-step {prompts} ({prompts * w.n} responses) it is, and more nodes can be tried."
+    )
 
 
 def _host_ram_needed(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None:

@@ -26,6 +26,7 @@ from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.evaluate import PlanInputs, evaluate
 from grpo_pilot.planner.plan import Plan
+from grpo_pilot.planner.recheck import plan_inputs as plan_inputs  # its home: grpo-run re-checks plans
 from grpo_pilot.planner.reports import OVERHEAD_PREFIX
 from grpo_pilot.tuner.space import TuneSpace, grid, knobs_at, params_of, point_key
 
@@ -47,19 +48,6 @@ class MemoryLimit(Frozen):
     host_ram_bytes: int = Field(gt=0, description="Host RAM per node (the plan's).")
     tensor_cap_bytes: int | None = Field(
         default=None, gt=0, description="Run config memory_cap_bytes: live tensor bytes per worker the engine allows."
-    )
-
-
-def plan_inputs(plan: Plan) -> PlanInputs:
-    """The planner inputs a plan was made from (its calibration name is kept; overheads are the defaults)."""
-    headroom_bytes = plan.cluster.gpu.memory_bytes - plan.usable_gpu_bytes  # what the plan kept free
-    return PlanInputs(
-        model=plan.model,
-        cluster=plan.cluster,
-        workload=plan.workload,
-        target=plan.target,
-        headroom_bytes=max(headroom_bytes, 0),
-        calibration=plan.provenance.calibration,
     )
 
 

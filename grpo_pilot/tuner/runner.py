@@ -137,7 +137,8 @@ class SubprocessRunner:
 
     def argv(self, request: TrialRequest) -> list[str]:
         args = [request.plan_path, "--config", request.config_path, "--steps", str(request.steps)]
-        args += ["--out", request.out_dir, "-q"]
+        # --force: the tuner measures what the planner doubts (its own pruning already decided to run it)
+        args += ["--out", request.out_dir, "-q", "--force"]
         for key, value in request.settings.items():
             args += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
         return self.command + args

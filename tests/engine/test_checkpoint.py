@@ -17,7 +17,7 @@ from grpo_pilot.engine.checkpoint import (
     load_checkpoint,
     restore_rng,
 )
-from grpo_pilot.errors import InputError, RunError
+from grpo_pilot.errors import InputError
 
 
 def _save(tmp_path, step, **kw):
@@ -65,13 +65,13 @@ def test_no_checkpoint_gives_none(tmp_path):
     assert latest_checkpoint(tmp_path, config_hash="abc") is None
 
 
-def test_damaged_checkpoint_is_a_run_error(tmp_path):
+def test_damaged_checkpoint_is_bad_input(tmp_path):
     path = _save(tmp_path, 2)
     (path / "rng.pt").write_bytes(b"not a torch file")
-    with pytest.raises(RunError, match="cannot be read"):
+    with pytest.raises(InputError, match="cannot be read"):
         load_checkpoint(path)
     (path / "state.json").write_text("{")
-    with pytest.raises(RunError, match="cannot be read"):
+    with pytest.raises(InputError, match="cannot be read"):
         latest_checkpoint(tmp_path, config_hash="abc")
 
 

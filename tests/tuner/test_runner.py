@@ -149,7 +149,7 @@ def test_failure_through_the_subprocess_and_the_argv(tmp_path, monkeypatch):
     assert out.status == "oom" and out.failure.phase == "update" and out.returncode == 1
     argv = json.loads((tmp_path / "trial" / "argv.json").read_text())
     assert argv == [
-        "p.json", "--config", "c.toml", "--steps", "3", "--out", str(tmp_path / "trial"), "-q",
+        "p.json", "--config", "c.toml", "--steps", "3", "--out", str(tmp_path / "trial"), "-q", "--force",
         "--set", "memory_cap_bytes=8000000", "--set", "cpu_memory=tensors",
     ]  # fmt: skip
     assert "engine: out of memory" in (tmp_path / "trial" / "grpo-run.log").read_text()

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -29,6 +28,7 @@ from grpo_pilot.engine.data.callables import (
 from grpo_pilot.engine.data.formats import RecordError, parse_record
 from grpo_pilot.engine.data.records import FORMATS, PromptRecord, PromptSet
 from grpo_pilot.errors import InputError
+from grpo_pilot.inputs import JsonProblem, parse_json, read_input_bytes
 
 MAX_LISTED_PROBLEMS = 5
 MAX_SKIP_REASONS = 20
@@ -39,9 +39,12 @@ def _open_lines(path: Path) -> list[str]:
         raise InputError(
             f"Prompt file '{path}' does not exist.", "Pass the path of a JSONL file (one JSON object per line)."
         )
-    if not path.is_file():
-        raise InputError(f"Prompt file '{path}' is not a regular file.", "Pass the path of a JSONL file.")
-    data = path.read_bytes()
+    hint = "Pass the path of a JSONL file (one JSON object per line)."
+    data = read_input_bytes(path, "prompt file", max_bytes=None, hint=hint)  # a pipe or a device is refused
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line = data[:nul].count(b"\n") + 1
+        raise InputError(f"{path}:{line}: a NUL byte: the prompt file is binary, not JSONL text.", hint)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -50,10 +53,6 @@ def _open_lines(path: Path) -> list[str]:
             f"{path}:{bad_line}: not valid UTF-8 (byte {exc.start}).", "Re-encode the file as UTF-8."
         ) from exc
     return text.split("\n")
-
-
-def _json_problem(exc: json.JSONDecodeError) -> str:
-    return f"field '<line>': not valid JSON ({exc.msg} at column {exc.colno})"
 
 
 TRANSFORM_CHUNK = 256  # lines sent to the transform's worker process per round trip
@@ -117,9 +116,9 @@ def load_prompts(
         if not text.strip():
             continue
         try:
-            raws.append((number, json.loads(text)))
-        except json.JSONDecodeError as exc:
-            numbered_problems.append((number, f"{source}:{number}: {_json_problem(exc)}"))
+            raws.append((number, parse_json(text)))
+        except JsonProblem as exc:
+            numbered_problems.append((number, f"{source}:{number}: field '<line>': {exc}"))
     if worker is not None:
         try:
             transformed = _transform_all(worker, str(transform), raws)

@@ -1,0 +1,81 @@
+"""Re-check a plan.json before it runs: the planner's verdict recomputed from the plan's own inputs.
+
+A plan file is user input: it may be marked `"fits": false`, hand-edited (100,000 completions per
+prompt, a knob the cluster cannot take), or written by an older planner. `recheck(plan)` evaluates
+the plan's knobs for its model, cluster and workload with the current estimator (`evaluate.assess`)
+and returns what a run must know: whether the file says it fits, whether the estimate says so, the
+violated rules (worst first), and whether the file's own predicted peak memory is what its inputs give.
+A plan whose workload was edited by hand (say to 100,000 completions) keeps the old numbers, and this
+is how it shows (the step time is only reported: knobs the engine refuses change it, and the engine
+says why). `grpo-run` refuses a plan that does not fit either way unless `--force` (exit 3), and one
+whose peak differs by more than `TOLERANCE` (exit 2: re-plan, or `--force`), before any model is
+built. Pure: no I/O, no engine imports.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from grpo_pilot.models import Frozen
+from grpo_pilot.planner.constraints import violations
+from grpo_pilot.planner.estimate import device_memory_bytes
+from grpo_pilot.planner.evaluate import PlanInputs, assess
+from grpo_pilot.planner.plan import Plan
+
+# The estimate is deterministic: an untouched plan of this version reproduces its numbers exactly. 10%
+# leaves room for small model changes between versions; a hand edit of the workload moves them far more.
+TOLERANCE = 0.10
+
+
+def plan_inputs(plan: Plan) -> PlanInputs:
+    """The planner inputs a plan was made from (its calibration name is kept; overheads are the defaults)."""
+    kept = plan.headroom_bytes  # what the plan kept free (older plans: device memory minus usable)
+    if kept is None:
+        kept = device_memory_bytes(plan.cluster) - plan.usable_gpu_bytes
+    return PlanInputs(
+        model=plan.model,
+        cluster=plan.cluster,
+        workload=plan.workload,
+        target=plan.target,
+        headroom_bytes=max(kept, 0),
+        calibration=plan.provenance.calibration,
+    )
+
+
+class Recheck(Frozen):
+    """The verdict on a plan file before it runs."""
+
+    file_fits: bool = Field(description="What the plan file says ('fits').")
+    fits: bool = Field(description="Whether the plan's knobs fit its inputs by the current estimate.")
+    violations: tuple[str, ...] = Field(default=(), description="Messages of the broken rules, worst first.")
+    binding: str | None = Field(default=None, description="The worst broken rule's name.")
+    mismatch: str | None = Field(
+        default=None, description="How the file's own predictions differ from its inputs' (None: they agree)."
+    )
+
+    def reason(self) -> str:
+        """Why the plan may not run, in one sentence."""
+        why = (self.violations[0] if self.violations else "see grpo-plan's table for this plan").rstrip(".")
+        if not self.file_fits:
+            return f"the plan file is marked as not fitting ({why})"
+        return f"re-checked with this planner, the plan does not fit: {self.binding}: {why}"
+
+
+def recheck(plan: Plan) -> Recheck:
+    """Evaluate the plan's knobs on its own inputs (module docstring)."""
+    a = assess(plan_inputs(plan), plan.knobs)
+    broken = sorted(violations(a.checks), key=lambda c: -c.excess)
+    recorded, now = plan.peak_gpu_bytes, a.memory.peak_gpu_bytes
+    mismatch = None
+    if abs(now - recorded) > TOLERANCE * max(recorded, 1):
+        mismatch = (
+            f"peak memory {recorded / 2**30:.3g} GiB in the file, {now / 2**30:.3g} GiB from its inputs; step time "
+            f"{plan.predicted_step_s:.3g} s in the file, {a.time.step_s:.3g} s from its inputs"
+        )
+    return Recheck(
+        mismatch=mismatch,
+        file_fits=plan.fits,
+        fits=a.fits,
+        violations=tuple(c.message for c in broken) or plan.violations,
+        binding=broken[0].rule if broken else plan.binding_constraint,
+    )

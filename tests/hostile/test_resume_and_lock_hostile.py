@@ -1,0 +1,148 @@
+"""Resume from damaged checkpoints and logs, grpo-tune's --out, and two grpo-runs on one --out."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hostile_helpers import RUN_GOOD, TINY_PLAN, assert_refused, invoke
+
+from grpo_pilot.cli_run import app
+from grpo_pilot.outputs import LOCK_NAME, DirectoryLock
+
+RESUME = [TINY_PLAN, *[a for a in RUN_GOOD if a not in ("--steps", "1")], "--set", "checkpoint_every=1"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A 2-step tiny run with a checkpoint at both steps (made once for the module)."""
+    out = tmp_path_factory.mktemp("base") / "run"
+    result = invoke(app, [*RESUME, "--steps", "2", "--out", out])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _copy(finished_run: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    return out
+
+
+def _state(out: Path) -> Path:
+    return out / "checkpoints" / "step-000002" / "state.json"
+
+
+def _edit_state(out: Path, **changes) -> None:
+    state = json.loads(_state(out).read_text())
+    for key, value in changes.items():
+        if value is None:
+            state.pop(key)
+        else:
+            state[key] = value
+    _state(out).write_text(json.dumps(state))
+
+
+DAMAGE = [
+    ("missing-step", lambda out: _edit_state(out, step=None), ["state.json is damaged", "'step'"]),
+    ("missing-metrics-bytes", lambda out: _edit_state(out, metrics_bytes=None), ["'metrics_bytes'"]),
+    ("string-step", lambda out: _edit_state(out, step="abc"), ["'step'"]),
+    ("negative-bytes", lambda out: _edit_state(out, metrics_bytes=-5), ["'metrics_bytes'"]),
+    ("huge-number", lambda out: _state(out).write_text('{"step": 1e999}'), ["too large"]),
+    ("not-json", lambda out: _state(out).write_text("{"), ["cannot be read"]),
+    ("step-mismatch", lambda out: _edit_state(out, step=7), ["says step 7"]),
+    ("other-config", lambda out: _edit_state(out, config_hash="0000"), ["different plan or run config"]),
+    ("rng-garbage", lambda out: (_state(out).parent / "rng.pt").write_bytes(b"garbage"), ["cannot be read"]),
+]
+
+
+@pytest.mark.parametrize("name,damage,fragments", DAMAGE, ids=[d[0] for d in DAMAGE])
+def test_damaged_checkpoint_refused(finished_run, tmp_path, name, damage, fragments):
+    out = _copy(finished_run, tmp_path)
+    damage(out)
+    before = (out / "metrics.jsonl").read_bytes()
+    result = invoke(app, [*RESUME, "--steps", "3", "--resume", "--out", out])
+    assert_refused(result, 2, *fragments)
+    assert (out / "metrics.jsonl").read_bytes() == before  # refused before anything was cut or written
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+def _steps(out: Path) -> list[int]:
+    data = (out / "metrics.jsonl").read_bytes()
+    assert b"\x00" not in data  # never padded
+    return [json.loads(line)["step"] for line in data.decode().splitlines()]
+
+
+def test_truncated_metrics_are_cut_back_not_padded(finished_run, tmp_path):
+    out = _copy(finished_run, tmp_path)
+    metrics = out / "metrics.jsonl"
+    metrics.write_bytes(metrics.read_bytes()[:-25])  # the step-2 record cut mid-line
+    result = invoke(app, [*RESUME, "--steps", "3", "--resume", "--out", out])
+    assert result.exit_code == 0, result.output
+    assert "did not match the checkpoint of step 2" in result.stderr and "Traceback" not in result.output
+    assert _steps(out) == [1, 3]
+
+
+def test_hand_edited_byte_counts_never_pad(finished_run, tmp_path):
+    out = _copy(finished_run, tmp_path)
+    _edit_state(out, metrics_bytes=10**6, lengths_bytes=10**7)  # far past the files' ends
+    result = invoke(app, [*RESUME, "--steps", "3", "--resume", "--out", out])
+    assert result.exit_code == 0, result.output
+    assert "metrics.jsonl did not match" in result.stderr and "lengths.jsonl did not match" in result.stderr
+    assert _steps(out) == [1, 2, 3]
+    lengths = (out / "lengths.jsonl").read_bytes()
+    assert b"\x00" not in lengths and {json.loads(line)["step"] for line in lengths.splitlines()} == {1, 2, 3}
+
+
+def test_trailing_garbage_is_dropped(finished_run, tmp_path):
+    out = _copy(finished_run, tmp_path)
+    with open(out / "metrics.jsonl", "ab") as handle:
+        handle.write(b'{"step": 3, "loss": 0.1}\n{"step": 4, "lo')  # steps after the checkpoint and a cut line
+    result = invoke(app, [*RESUME, "--steps", "3", "--resume", "--out", out])
+    assert result.exit_code == 0, result.output
+    assert "did not match" not in result.stderr
+    assert _steps(out) == [1, 2, 3]
+
+
+def test_tune_out_refused(tmp_path):
+    from grpo_pilot.cli_tune import app as tune
+
+    (tmp_path / "file").write_text("keep\n")
+    base = [TINY_PLAN, "--config", "examples/tiny/run.toml", "--trials", "1", "-q"]
+    assert_refused(invoke(tune, [*base, "--out", tmp_path / "file"]), 2, "--out", "is a regular file")
+    assert_refused(invoke(tune, [*base, "--out", "/dev/null"]), 2, "is a character device")
+    (tmp_path / "tune").mkdir()
+    with DirectoryLock(tmp_path / "tune", "grpo-tune"):
+        assert_refused(invoke(tune, [*base, "--out", tmp_path / "tune"]), 2, "is in use", f"PID {os.getpid()}")
+    assert (tmp_path / "file").read_text() == "keep\n"
+    assert sorted(p.name for p in (tmp_path / "tune").iterdir()) == [LOCK_NAME]
+
+
+def test_two_runs_on_one_out(tmp_path):
+    """The second grpo-run is refused naming the first's PID; the first finishes intact."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-c", "from grpo_pilot.cli import run_entry; run_entry()", *RESUME, "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.Popen([*argv, "--steps", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        lock = out / LOCK_NAME
+        while not (lock.exists() and f"PID {first.pid}" in lock.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        second = subprocess.run([*argv, "--steps", "4"], capture_output=True, text=True, env=env, timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert f"PID {first.pid}" in second.stderr and "is in use" in second.stderr
+        assert "Traceback" not in second.stderr
+        _, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err.decode()
+    assert _steps(out) == [1, 2, 3, 4]
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
