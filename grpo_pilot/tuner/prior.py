@@ -24,6 +24,7 @@ from pydantic import Field
 
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs
+from grpo_pilot.planner.estimate import device_memory_bytes
 from grpo_pilot.planner.evaluate import PlanInputs, evaluate
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.planner.reports import OVERHEAD_PREFIX
@@ -52,7 +53,9 @@ class MemoryLimit(Frozen):
 
 def plan_inputs(plan: Plan) -> PlanInputs:
     """The planner inputs a plan was made from (its calibration name is kept; overheads are the defaults)."""
-    headroom_bytes = plan.cluster.gpu.memory_bytes - plan.usable_gpu_bytes  # what the plan kept free
+    # What the plan kept free of one device: on `Nxcpu` a device is RAM / N, not the catalog's memory_bytes.
+    device = device_memory_bytes(plan.cluster)
+    headroom_bytes = plan.headroom_bytes if plan.headroom_bytes is not None else device - plan.usable_gpu_bytes
     return PlanInputs(
         model=plan.model,
         cluster=plan.cluster,
