@@ -308,7 +308,7 @@ def _fit_memory(inputs: PlanInputs, records: list[TrialRecord]):
         name="memory.cpu_process_rss_bytes",
         analytic=float(base.cpu_process_rss_bytes),
         fitted=float(value),
-        sensitivity=1.0,
+        sensitivity=math.sqrt(sum((value / (t + value)) ** 2 for _, t in pairs) / len(pairs)) if value else 0.0,
         method=f"median over {len(pairs)} (trial, phase) of measured peak RSS − predicted tensor bytes, to a MiB",
     )
     before = _rss_factor(pairs, base.cpu_process_rss_bytes)

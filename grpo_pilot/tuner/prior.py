@@ -52,7 +52,8 @@ class MemoryLimit(Frozen):
 
 
 def plan_inputs(plan: Plan) -> PlanInputs:
-    """The planner inputs a plan was made from (its calibration name is kept; overheads are the defaults)."""
+    """The planner inputs a plan was made from, with the analytic constants: trial plans predict with them
+    (and say so: no calibration in their provenance), and the calibration fit starts from them."""
     # What the plan kept free of one device: on `Nxcpu` a device is RAM / N, not the catalog's memory_bytes.
     device = device_memory_bytes(plan.cluster)
     headroom_bytes = plan.headroom_bytes if plan.headroom_bytes is not None else device - plan.usable_gpu_bytes
@@ -62,7 +63,6 @@ def plan_inputs(plan: Plan) -> PlanInputs:
         workload=plan.workload,
         target=plan.target,
         headroom_bytes=max(headroom_bytes, 0),
-        calibration=plan.provenance.calibration,
     )
 
 
