@@ -166,6 +166,8 @@ def trials_frame(records: list[TrialRecord]) -> Any:
                 "predicted_peak_tensor_bytes": r.predicted_peak_tensor_bytes,
                 "predicted_peak_bytes": r.predicted_peak_bytes,
                 "predicted_fits": r.predicted_fits,
+                "measured_prompt_len_mean_tokens": r.measured_prompt_len_mean_tokens,
+                "measured_response_len_mean_tokens": r.measured_response_len_mean_tokens,
             }
         )
         for name, p in r.phases.items():
