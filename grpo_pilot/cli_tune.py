@@ -84,6 +84,11 @@ def _calibrate_only(base: Any, url: str, name: str, out: Path, quiet: bool, cons
     from grpo_pilot.tuner.space import build_space
     from grpo_pilot.tuner.study import identity, open_study, records
 
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).is_file():
+        raise InputError(
+            f"No study storage at {url}: nothing to calibrate from.",
+            "Run grpo-tune with --config and --trials first, or give --storage/--out of an existing sweep.",
+        )
     the_study = open_study(url, name)
     mine = identity(base, build_space(base))
     if the_study.user_attrs.get("inputs_sha") not in (None, mine["inputs_sha"]):

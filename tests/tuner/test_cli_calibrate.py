@@ -16,6 +16,7 @@ from grpo_pilot.planner.evaluate import evaluate
 from grpo_pilot.planner.plan import load_plan
 from grpo_pilot.tuner.prior import plan_inputs
 from grpo_pilot.tuner.runner import read_lengths
+from grpo_pilot.tuner.study import default_storage, open_study
 
 TWO_CPU = "examples/tiny/plan-2xcpu-colocated.json"
 
@@ -84,6 +85,11 @@ def test_sweep_writes_calibration_and_calibrate_only_refits_it(tmp_path, monkeyp
 
 def test_calibrate_only_needs_measured_trials_and_the_right_plan(tmp_path, monkeypatch):
     out = tmp_path / "out"
+    nothing = invoke(TINY_PLAN, "--out", str(out), "--calibrate-only")
+    assert nothing.exit_code == 2 and "No study storage at sqlite:///" in nothing.stderr
+    assert not out.exists()  # nothing created
+    out.mkdir()
+    open_study(default_storage(out), "grpo-tune")  # a study without trials
     empty = invoke(TINY_PLAN, "--out", str(out), "--calibrate-only")
     assert empty.exit_code == 2 and "No measured trial" in empty.stderr
     fake = FakeRunner(slow_micro_batches)
