@@ -95,7 +95,7 @@ def render_memory_png(plan: Plan) -> bytes:
             ax.annotate(
                 f"worst case: {worst[i]:,.1f} {unit}",
                 (xs[i], worst[i]),
-                xytext=(0, 8),
+                xytext=(0, 18),
                 textcoords="offset points",
                 ha="center",
                 color="tab:red",
@@ -105,14 +105,14 @@ def render_memory_png(plan: Plan) -> bytes:
     ax.annotate(
         f"peak {bars.totals[peak] / scale:,.1f} {unit}",
         (xs[peak], bars.totals[peak] / scale),
-        xytext=(0, -14),
+        xytext=(0, 4),
         textcoords="offset points",
         ha="center",
         fontsize=9,
         fontweight="bold",
     )
     top = max([bars.usable_bytes, *bars.totals, *(bars.worst_case or ())]) / scale
-    ax.set_ylim(0, top * 1.12)  # room for the labels above the highest bar or line
+    ax.set_ylim(0, top * 1.15)  # room for the labels above the highest bar or line
     ax.set_xticks(xs, list(bars.phases))
     ax.set_ylabel(f"memory per {'process' if plan.cluster.gpu.is_cpu else 'GPU'} ({unit})")
     verdict = "fits" if plan.fits else "does not fit"
