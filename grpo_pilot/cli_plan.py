@@ -108,6 +108,16 @@ def _inputs(model: str, cluster: Cluster, workload: Workload, target: str, headr
     )  # type: ignore[arg-type]
 
 
+def _calibrate(inputs: Any, path: str | None, off: bool) -> tuple[Any, str | None]:
+    """The calibration that applies (--calibration FILE, else the default file unless --no-calibration)."""
+    if path and off:
+        raise InputError("--calibration and --no-calibration contradict each other.", "Use one of them.")
+    from grpo_pilot.planner.calibration import choose_calibration
+    from grpo_pilot.tuner.versions import software_versions
+
+    return choose_calibration(inputs, path, use_default=not off, versions=software_versions())
+
+
 def _evaluate_launch(inputs: Any, knobs: Knobs, trials: int, seed: int) -> tuple[Plan, list[str]]:
     """A launch evaluated exactly as given; when it does not fit, the suggestions and what a search of the
     same job on the same cluster would change (as verl overrides for a verl target)."""
@@ -260,6 +270,18 @@ def main(
         None, "--out", "-o", help="Write plan.json here (atomically; only when the plan fits)."
     ),
     emit: Optional[str] = typer.Option(None, "--emit", help="Also print the run configuration for 'verl' or 'trl'."),
+    calibration: Optional[str] = typer.Option(
+        None,
+        "--calibration",
+        help="Calibration file (grpo-tune's calibration.json) whose measured constants the estimate uses. "
+        "Default: $GRPO_PILOT_CALIBRATION_DIR/<GPU>.json (~/.cache/grpo-pilot/calibration) when present.",
+    ),
+    no_calibration: bool = typer.Option(
+        False, "--no-calibration", help="Analytic constants only: ignore the default calibration file."
+    ),
+    plot: Optional[str] = typer.Option(
+        None, "--plot", help="Write a PNG of memory per phase (stacked items) against usable memory (matplotlib)."
+    ),
     list_models_flag: bool = typer.Option(False, "--list-models", help="List bundled models and exit."),
 ) -> None:
     console = Console(soft_wrap=False, width=None)
@@ -309,6 +331,8 @@ def main(
         if pin:  # on top of the launch: what its file cannot express (the vLLM version's behaviour, ...)
             knobs = Knobs(**{**knobs.model_dump(), **parse_pins(pin)})
         inputs = _inputs(model_name, cluster, workload, target or launch_target, headroom_gib)
+        inputs, note = _calibrate(inputs, calibration, no_calibration)
+        notes += [note] if note else []
         plan, changes = _evaluate_launch(inputs, knobs, trials or DEFAULT_TRIALS, seed)
         notes += changes
         pins = {k: getattr(knobs, k) for k in KNOB_KEYS}
@@ -331,6 +355,8 @@ def main(
         from grpo_pilot.planner.make_plan import make_plan
 
         inputs = _inputs(model, _cluster(gpus, host_bytes), workload, chosen_target, headroom_gib)
+        inputs, note = _calibrate(inputs, calibration, no_calibration)
+        notes += [note] if note else []
         plan = make_plan(inputs, pins=pins, trials=trials or DEFAULT_TRIALS, seed=seed)
         if not plan.fits:
             check_pins(inputs, pins)
@@ -338,6 +364,12 @@ def main(
         typer.echo(plan.to_json(), nl=False)
     else:
         render(plan, console, pins, notes)
+    if plot:
+        from grpo_pilot.memory_plot import write_memory_plot
+
+        written = write_memory_plot(plan, plot)
+        if not json_out:
+            console.print(f"memory plot written to {written}")
     if not plan.fits:
         what = "The pinned configuration does not fit" if plan.provenance.search_trials == 0 else "Nothing fits"
         raise InfeasibleError(

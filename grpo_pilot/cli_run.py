@@ -39,9 +39,10 @@ def _check_sandbox(value: bool) -> None:
 
 def _recheck(the_plan: Any, path: Path, *, force: bool) -> None:
     """Refuse (exit 3) a plan that does not fit by its own verdict or the planner's re-check, unless --force."""
+    from grpo_pilot.planner.calibration import inputs_of_plan
     from grpo_pilot.planner.recheck import recheck
 
-    verdict = recheck(the_plan)
+    verdict = recheck(the_plan, inputs_of_plan(the_plan))
     if verdict.mismatch is not None:
         problem = (
             f"'{path}' does not add up: its predictions are not what its own inputs give ({verdict.mismatch}); "

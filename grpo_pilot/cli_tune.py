@@ -3,8 +3,11 @@
 Flow: read the plan and the run config (validated as `grpo-run` would) → build the knob space around
 the plan and let the planner rank it → open (or continue) the Optuna study in the storage → run
 trials until the study holds N counted trials (`tuner.sweep`) → write DIR/plan.json (best measured),
-DIR/trials.csv and DIR/report.png, and print the best trials. Ctrl-C or SIGTERM stops after marking
-the running trial interrupted (its point runs again next time) and still writes the outputs.
+DIR/trials.csv, DIR/report.png and DIR/calibration.json (the estimator's constants fitted from the
+measured trials: `grpo-plan --calibration DIR/calibration.json`), and print the best trials.
+`--calibrate-only` runs nothing and fits DIR/calibration.json from the trials already in the study.
+Ctrl-C or SIGTERM stops after marking the running trial interrupted (its point runs again next time)
+and still writes the outputs.
 Exit status: 0 with at least one measured trial; 1 when no trial could be measured; 2 bad input (an
 --out that is not a directory, or that another grpo-tune holds: the directory is locked while it runs).
 """
@@ -23,7 +26,7 @@ from rich.table import Table
 
 from grpo_pilot.cli import handle_errors
 from grpo_pilot.errors import InputError, RunError
-from grpo_pilot.outputs import DirectoryLock, prepare_output_dir
+from grpo_pilot.outputs import DirectoryLock, discard_created_dir, prepare_output_dir
 
 app = typer.Typer(
     add_completion=False,
@@ -77,12 +80,60 @@ def _summary(records: list[Any], console: Console) -> None:
     console.print(table)
 
 
+def _calibrate_only(base: Any, url: str, name: str, out: Path, quiet: bool, console: Console) -> None:
+    """Fit OUT/calibration.json from the study's measured trials (no trial runs, no engine needed)."""
+    from grpo_pilot.tuner.report import write_calibration
+    from grpo_pilot.tuner.space import build_space
+    from grpo_pilot.tuner.study import identity, open_study, records
+
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).is_file():
+        raise InputError(
+            f"No study storage at {url}: nothing to calibrate from.",
+            "Run grpo-tune with --config and --trials first, or give --storage/--out of an existing sweep.",
+        )
+    the_study = open_study(url, name)
+    mine = identity(base, build_space(base))
+    if the_study.user_attrs.get("inputs_sha") not in (None, mine["inputs_sha"]):
+        raise InputError(
+            f"Study '{name}' in {url} was made for another model, cluster, workload or target than this plan.",
+            "Calibrate with the plan the sweep was run with.",
+        )
+    done = records(the_study)
+    path, calibration = write_calibration(out, base, done, source=f"study '{name}' in {url}")
+    if not quiet:
+        _print_calibration(calibration, path, Console(file=sys.stdout))
+
+
+def _print_calibration(calibration: Any, path: Any, console: Console) -> None:
+    e = calibration.fit_error
+    table = Table(title=f"calibration '{calibration.name}' from {calibration.num_trials} measured trial(s)")
+    for col in ("constant", "analytic", "fitted"):
+        table.add_column(col, justify="left" if col == "constant" else "right")
+    for v in calibration.fitted:
+        table.add_row(v.name, f"{v.analytic:.4g}", f"{v.fitted:.4g}")
+    console.print(table)
+    for k in calibration.kept_analytic:
+        console.print(f"kept analytic: {k.name}: {k.reason}", highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        f"error factor (geometric RMS, these trials): tokens/s {e.tokens_per_s_before:.2f}x -> "
+        f"{e.tokens_per_s_after:.2f}x, phase times {e.phase_time_before:.2f}x -> {e.phase_time_after:.2f}x",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(f"calibration written to {path}", highlight=False, markup=False, soft_wrap=True)
+
+
 @app.command()
 @handle_errors
 def main(
     plan: Path = typer.Argument(..., help="plan.json from grpo-plan: the model, cluster, workload and starting knobs."),
-    config: Path = typer.Option(..., "--config", "-c", help="Run config every trial uses (as for grpo-run)."),
-    trials: int = typer.Option(..., "--trials", min=1, help="Trials the study should hold (a rerun continues to N)."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="Run config every trial uses (as for grpo-run); not needed with --calibrate-only."
+    ),
+    trials: Optional[int] = typer.Option(
+        None, "--trials", min=1, help="Trials the study should hold (a rerun continues to N)."
+    ),
     storage: Optional[str] = typer.Option(
         None, help="Optuna storage URL (any SQLAlchemy URL); default sqlite:///OUT/study.db."
     ),
@@ -91,29 +142,47 @@ def main(
     steps_per_trial: int = typer.Option(3, min=3, help="GRPO steps per trial; the first is warm-up."),
     trial_timeout: float = typer.Option(900.0, min=1.0, help="Seconds before a trial is killed (start-up included)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no summary table."),
+    calibrate_only: bool = typer.Option(
+        False,
+        "--calibrate-only",
+        help="Run no trial: fit OUT/calibration.json from the measured trials already in the study.",
+    ),
 ) -> None:
     """Run short real trials of candidate knobs for PLAN and write the best measured plan."""
     from grpo_pilot.planner.plan import check_plan_out, load_plan
-    from grpo_pilot.tuner.display import SweepDisplay
     from grpo_pilot.tuner.prior import memory_limit
-    from grpo_pilot.tuner.report import write_outputs
-    from grpo_pilot.tuner.runner import SubprocessRunner
     from grpo_pilot.tuner.space import build_space
-    from grpo_pilot.tuner.study import check_identity, default_storage, open_study, records
-    from grpo_pilot.tuner.sweep import Sweep, SweepSettings, prepare
+    from grpo_pilot.tuner.study import check_identity, default_storage, open_study
+    from grpo_pilot.tuner.sweep import SweepSettings, prepare
 
     base = load_plan(plan)
-    _require_engine()
-    cap = _memory_cap(config)
-    prepare_output_dir(out, flag="--out", what="tuning directory")
-    check_plan_out(out / "plan.json", flag="--out")  # the best plan goes there: only over an earlier plan
+    console = Console(stderr=True)
+    url = storage or default_storage(out)
+    cap: int | None = None
+    if not calibrate_only:
+        if config is None or trials is None:
+            missing = " and ".join(f for f, v in (("--config", config), ("--trials", trials)) if v is None)
+            raise InputError(
+                f"grpo-tune needs {missing} to run trials.", "Or pass --calibrate-only to fit from a study."
+            )
+        _require_engine()
+        cap = _memory_cap(config)
+    created = prepare_output_dir(out, flag="--out", what="tuning directory")
     with DirectoryLock(out, "grpo-tune"):  # a second grpo-tune on this --out is refused with our PID
-        console = Console(stderr=True)
-        url = storage or default_storage(out)
-        the_study = open_study(url, study)
-        space = build_space(base)
-        setup = prepare(base, space, memory_limit(base, cap), use_prior=True)
-        check_identity(the_study, base, setup.space)
+        try:
+            if calibrate_only:
+                _calibrate_only(base, url, study, out, quiet, console)
+                return
+            check_plan_out(out / "plan.json", flag="--out")  # the best plan goes there: only over an earlier plan
+            the_study = open_study(url, study)
+            space = build_space(base)
+            setup = prepare(base, space, memory_limit(base, cap), use_prior=True)
+            check_identity(the_study, base, setup.space)
+        except InputError:
+            if created:
+                discard_created_dir(out)
+            raise
+        assert config is not None and trials is not None
         settings = SweepSettings(
             trials=trials,
             steps_per_trial=steps_per_trial,
@@ -130,29 +199,44 @@ def main(
                 markup=False,
                 soft_wrap=True,
             )
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        failure: BaseException | None = None
-        try:
-            with SweepDisplay(console, quiet=quiet) as display:
-                Sweep(the_study, base, setup, settings, SubprocessRunner(), display).run()
-        except (KeyboardInterrupt, RunError) as exc:
-            failure = exc
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        done = records(the_study)
-        outputs = write_outputs(out, base, done)
-        if failure is not None:
-            raise failure
-        for note in outputs.notes:
-            console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
-        if outputs.best_trial is None:
-            raise RunError(
-                f"No trial of study '{study}' produced a measurement ({len(done)} trial(s): see {outputs.trials_csv}).",
-                "Read the failure reasons there and in OUT/trials/*/run/grpo-run.log, fix the setup, and run again.",
-            )
-        if not quiet:
-            _summary(done, Console(file=sys.stdout))
-            print(
-                f"best: trial {outputs.best_trial}. Outputs: {outputs.plan_path}, {outputs.trials_csv}, "
-                f"{outputs.report_png or '(no report.png)'}"
-            )
+        _sweep(the_study, base, setup, settings, url, quiet, console)
+
+
+def _sweep(the_study: Any, base: Any, setup: Any, settings: Any, url: str, quiet: bool, console: Console) -> None:
+    """Run the trials, then write the outputs (also after Ctrl-C / SIGTERM) and print the summary."""
+    from grpo_pilot.tuner.display import SweepDisplay
+    from grpo_pilot.tuner.report import write_outputs
+    from grpo_pilot.tuner.runner import SubprocessRunner
+    from grpo_pilot.tuner.study import records
+    from grpo_pilot.tuner.sweep import Sweep
+
+    study = the_study.study_name
+    out = Path(settings.out_dir)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    failure: BaseException | None = None
+    try:
+        with SweepDisplay(console, quiet=quiet) as display:
+            Sweep(the_study, base, setup, settings, SubprocessRunner(), display).run()
+    except (KeyboardInterrupt, RunError) as exc:
+        failure = exc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    done = records(the_study)
+    outputs = write_outputs(out, base, done, source=f"study '{study}' in {url}")
+    if failure is not None:
+        raise failure
+    for note in outputs.notes:
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    if outputs.calibration_json and not quiet:
+        console.print(f"calibration: {outputs.calibration_json}", highlight=False, markup=False, soft_wrap=True)
+    if outputs.best_trial is None:
+        raise RunError(
+            f"No trial of study '{study}' produced a measurement ({len(done)} trial(s): see {outputs.trials_csv}).",
+            "Read the failure reasons there and in OUT/trials/*/run/grpo-run.log, fix the setup, and run again.",
+        )
+    if not quiet:
+        _summary(done, Console(file=sys.stdout))
+        print(
+            f"best: trial {outputs.best_trial}. Outputs: {outputs.plan_path}, {outputs.trials_csv}, "
+            f"{outputs.report_png or '(no report.png)'}, {outputs.calibration_json or '(no calibration.json)'}"
+        )

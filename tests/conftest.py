@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -14,6 +15,8 @@ settings.load_profile("grpo-pilot")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# grpo-plan reads a default calibration file when present: tests never see the user's own calibrations.
+os.environ["GRPO_PILOT_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="grpo-pilot-test-calibration-")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

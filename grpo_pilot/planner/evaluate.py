@@ -65,6 +65,23 @@ class PlanInputs(Frozen):
         default=None,
         description="Name of the calibration the overheads and time coefficients come from (None = analytic).",
     )
+    calibration_file: str | None = Field(default=None, description="The calibration file it was read from.")
+    calibration_versions: tuple[tuple[str, str | None], ...] = Field(
+        default=(), description="Software versions the calibration was measured with (pairs: hashable)."
+    )
+    calibration_skipped: str | None = Field(
+        default=None, description="Why the default calibration file was not applied (None: none was skipped)."
+    )
+
+    def provenance(self, **search: int | None) -> Provenance:
+        """The plan's provenance: the calibration applied (if any) and the search's counters."""
+        return Provenance(
+            calibration=self.calibration,
+            calibration_file=self.calibration_file,
+            calibration_versions=dict(self.calibration_versions) if self.calibration else None,
+            calibration_skipped=self.calibration_skipped,
+            **search,  # type: ignore[arg-type]
+        )
 
     @property
     def device_bytes(self) -> int:
@@ -171,7 +188,7 @@ def to_plan(
         cluster=inputs.cluster,
         workload=inputs.workload,
         target=inputs.target,
-        provenance=provenance or Provenance(calibration=inputs.calibration),
+        provenance=provenance or inputs.provenance(),
         headroom_bytes=inputs.reserved_bytes,
         margin_bytes=inputs.usable_gpu_bytes - memory.peak_gpu_bytes,
         memory_quantile=None if inputs.workload.at_max_lengths else MEMORY_QUANTILE,

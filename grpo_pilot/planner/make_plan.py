@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from grpo_pilot.planner.evaluate import PlanInputs, to_plan
-from grpo_pilot.planner.plan import Plan, Provenance
+from grpo_pilot.planner.plan import Plan
 from grpo_pilot.planner.search import DEFAULT_TRIALS, search
 from grpo_pilot.planner.suggest import suggest
 
@@ -20,8 +20,7 @@ def make_plan(
     """
     pins = dict(pins or {})
     result = search(inputs, pins=pins, trials=trials, seed=seed)
-    provenance = Provenance(
-        calibration=inputs.calibration,
+    provenance = inputs.provenance(
         search_trials=result.trials,
         search_seed=result.seed,
         feasible_trials=result.feasible_trials,

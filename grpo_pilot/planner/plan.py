@@ -46,6 +46,13 @@ class Provenance(Frozen):
     calibration: str | None = Field(
         default=None, description="Calibration profile applied to the coefficients (None = analytic defaults)."
     )
+    calibration_file: str | None = Field(default=None, description="File the calibration was read from.")
+    calibration_versions: dict[str, str | None] | None = Field(
+        default=None, description="Software versions the calibration was measured with."
+    )
+    calibration_skipped: str | None = Field(
+        default=None, description="A calibration file found but not applied, and why (other GPU or software)."
+    )
     search_trials: int = Field(default=0, ge=0, description="Optuna trials evaluated (0 = every knob pinned).")
     search_seed: int | None = Field(default=None, description="Sampler seed.")
     feasible_trials: int = Field(default=0, ge=0, description="Trials that satisfied every constraint.")

@@ -28,8 +28,11 @@ TOLERANCE = 0.10
 
 
 def plan_inputs(plan: Plan) -> PlanInputs:
-    """The planner inputs a plan was made from (its calibration name is kept; overheads are the defaults)."""
-    kept = plan.headroom_bytes  # what the plan kept free (older plans: device memory minus usable)
+    """The planner inputs a plan was made from, with the analytic constants: trial plans predict with them
+    (and say so: no calibration in their provenance), and a calibration fit starts from them."""
+    # What the plan kept free of one device (older plans: device memory minus usable); on `Nxcpu` a device is
+    # RAM / N, not the catalog's memory_bytes.
+    kept = plan.headroom_bytes
     if kept is None:
         kept = device_memory_bytes(plan.cluster) - plan.usable_gpu_bytes
     return PlanInputs(
@@ -38,7 +41,6 @@ def plan_inputs(plan: Plan) -> PlanInputs:
         workload=plan.workload,
         target=plan.target,
         headroom_bytes=max(kept, 0),
-        calibration=plan.provenance.calibration,
     )
 
 
@@ -61,9 +63,10 @@ class Recheck(Frozen):
         return f"re-checked with this planner, the plan does not fit: {self.binding}: {why}"
 
 
-def recheck(plan: Plan) -> Recheck:
-    """Evaluate the plan's knobs on its own inputs (module docstring)."""
-    a = assess(plan_inputs(plan), plan.knobs)
+def recheck(plan: Plan, inputs: PlanInputs | None = None) -> Recheck:
+    """Evaluate the plan's knobs on its own inputs (module docstring). `inputs`: the plan's inputs with the
+    calibration it was made with (`planner.calibration.inputs_of_plan`); default: the analytic constants."""
+    a = assess(inputs or plan_inputs(plan), plan.knobs)
     broken = sorted(violations(a.checks), key=lambda c: -c.excess)
     recorded, now = plan.peak_gpu_bytes, a.memory.peak_gpu_bytes
     mismatch = None

@@ -111,6 +111,16 @@ class TimeCoefficients(Frozen):
         # step on H100 SXM5 took 8.4 ms eager vs 5.1 ms as a CUDA graph: 3.3 ms over 32 layers.
         description="Kernel-dispatch time per decoder layer per forward without CUDA graphs.",
     )
+    train_dispatch_s_per_layer_pass: float = Field(
+        default=3.3e-3 / 32,
+        ge=0.0,
+        # The same measurement as eager_launch_s_per_layer (cloudai.pt: 3.3 ms of eager dispatch over 32
+        # layers of a Llama-3.1-8B forward on H100): training passes dispatch each layer's ops eagerly.
+        # Kept apart from the decode value because a training micro-batch also dispatches the loss, the
+        # log-probs and the backward's bookkeeping, which calibration measures (grpo-tune).
+        description="Host op-dispatch time per decoder layer per training pass (forward, backward, recompute) "
+        "of one micro-batch.",
+    )
     host_link_efficiency: float = Field(
         default=0.8,
         gt=0.0,

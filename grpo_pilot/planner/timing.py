@@ -75,6 +75,7 @@ __all__ = [
     "pools",
     "rollout_breakdown",
     "rollout_time_s",
+    "train_dispatch_s",
     "trained_tokens_per_step",
     "update_time_s",
     "weight_sync_time_s",
@@ -92,13 +93,22 @@ def _micro_loop_s(
     compute_s_per_token: float,
     comm_s_per_micro: float,
     serial_s_per_token: float,
+    dispatch_s_per_micro: float = 0.0,
+    host_executes: bool = False,
 ) -> float:
     """Full micro-batches of `per_micro` sequences and one partial one: each lasts max(compute,
-    overlapped communication) plus its non-overlapped per-token time (`tokens_per_seq` per rank)."""
+    overlapped communication) plus its non-overlapped per-token time (`tokens_per_seq` per rank).
+
+    `dispatch_s_per_micro` is the host's eager op dispatch of one micro-batch (`train_dispatch_s`). A GPU
+    runs kernels asynchronously while the host queues the next ones (PyTorch docs, "CUDA semantics:
+    Asynchronous execution"), so dispatch only shows when it outlasts the device work; on the cpu
+    pseudo-device (`host_executes`) the dispatching thread runs the ops itself, so the two add."""
 
     def one(n: int) -> float:
         tokens = n * tokens_per_seq
-        return max(tokens * compute_s_per_token, comm_s_per_micro) + tokens * serial_s_per_token
+        device_s = max(tokens * compute_s_per_token, comm_s_per_micro)
+        busy_s = device_s + dispatch_s_per_micro if host_executes else max(device_s, dispatch_s_per_micro)
+        return busy_s + tokens * serial_s_per_token
 
     per_micro = max(1, min(per_micro, seqs))
     full, rest = divmod(seqs, per_micro)
@@ -129,6 +139,12 @@ def offload_streams(target: Target) -> bool:
     """How offloaded shards reach the GPU (`ExecutorTraits.offload_streams`): verl loads and offloads
     once per phase (fsdp_workers); our engine and TRL stream shards in with every all-gather."""
     return traits_for(target).offload_streams
+
+
+def train_dispatch_s(spec: ModelSpec, passes: int, coefficients: TimeCoefficients) -> float:
+    """Host time to dispatch one micro-batch's eager ops: `passes` layer passes (forward 1, backward 2,
+    recomputed forward 1) at `train_dispatch_s_per_layer_pass` each (training runs without CUDA graphs)."""
+    return passes * spec.num_layers * coefficients.train_dispatch_s_per_layer_pass
 
 
 def cpu_adam_s(
@@ -209,13 +225,13 @@ def log_prob_time_s(
     gather_s = ring_time_s(BF16_BYTES * param_counts(spec)[0], ts.train_gpus, ts.bw)
     a2a_per_token = _ulysses_s(spec, 1, sp, ts.bw, passes=1)
     streams = offload_streams(target) and not gpu.is_cpu
+    dispatch = {"dispatch_s_per_micro": train_dispatch_s(spec, 1, coef), "host_executes": gpu.is_cpu}
 
     def one_pass(offloaded: bool, bytes_per_param: int) -> float:
         h2d = bytes_per_param * ts.shard_params / ts.host if offloaded and not gpu.is_cpu else 0.0
-        if streams:  # every micro-batch streams the shard in, overlapped with compute like the all-gather
-            return _micro_loop_s(seqs_per_rank, per_micro, seq / sp, compute_per_token, gather_s + h2d, a2a_per_token)
-        loop = _micro_loop_s(seqs_per_rank, per_micro, seq / sp, compute_per_token, gather_s, a2a_per_token)
-        return loop + h2d  # verl: once per pass
+        comm = gather_s + h2d if streams else gather_s  # streaming: every micro-batch brings its shard in
+        loop = _micro_loop_s(seqs_per_rank, per_micro, seq / sp, compute_per_token, comm, a2a_per_token, **dispatch)
+        return loop if streams else loop + h2d  # verl: once per pass
 
     total = 0.0
     if old_logprob_pass_needed(workload, target):
@@ -267,7 +283,17 @@ def update_time_s(
         phase_s += 2 * prec.adam_bytes * shard_params / host if o_off else 0.0
     passes = 3 if knobs.gradient_checkpointing else 2
     a2a_per_token = _ulysses_s(spec, 1, sp, ts.bw, passes=passes)
-    micros_s = _micro_loop_s(seqs_per_rank_mini, per_micro, seq / sp, compute_per_token, comm_s, a2a_per_token)
+    micros_s = _micro_loop_s(
+        seqs_per_rank_mini,
+        per_micro,
+        seq / sp,
+        compute_per_token,
+        comm_s,
+        a2a_per_token,
+        # forward 1 + backward 2 (+ recomputed forward 1): the FLOP multipliers of `training_cost`
+        dispatch_s_per_micro=train_dispatch_s(spec, passes + 1, coef),
+        host_executes=gpu.is_cpu,
+    )
     per_epoch = num_minis * (micros_s + optim_s)
     return workload.ppo_epochs * per_epoch + phase_s
 

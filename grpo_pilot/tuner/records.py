@@ -59,6 +59,10 @@ class TrialRecord(Frozen):
     measured_peak_bytes: int | None = Field(default=None, description="Largest measured phase peak (tensor bytes).")
     phases: dict[str, PhaseRecord] = Field(default_factory=dict)
     step_tokens_per_s: tuple[float, ...] = Field(default=(), description="Each measured step's tokens/s.")
+    measured_prompt_len_mean_tokens: float | None = Field(default=None, description="Mean prompt, measured steps.")
+    measured_response_len_mean_tokens: float | None = Field(
+        default=None, description="Mean response of the measured steps (the planner predicted the plan's lengths)."
+    )
     steps: int = Field(ge=0, description="Steps the trial was asked to run (0 when pruned).")
     steps_measured: tuple[int, ...] = ()
     failure_kind: str | None = None
@@ -122,6 +126,8 @@ def build_record(
         measured_peak_bytes=outcome.peak_bytes if outcome else None,
         phases=phases,
         step_tokens_per_s=outcome.step_tokens_per_s if outcome else (),
+        measured_prompt_len_mean_tokens=outcome.prompt_len_mean_tokens if outcome else None,
+        measured_response_len_mean_tokens=outcome.response_len_mean_tokens if outcome else None,
         steps=0 if outcome is None else steps,
         steps_measured=outcome.steps_measured if outcome else (),
         failure_kind=failure.kind if failure else None,
@@ -160,6 +166,8 @@ def trials_frame(records: list[TrialRecord]) -> Any:
                 "predicted_peak_tensor_bytes": r.predicted_peak_tensor_bytes,
                 "predicted_peak_bytes": r.predicted_peak_bytes,
                 "predicted_fits": r.predicted_fits,
+                "measured_prompt_len_mean_tokens": r.measured_prompt_len_mean_tokens,
+                "measured_response_len_mean_tokens": r.measured_response_len_mean_tokens,
             }
         )
         for name, p in r.phases.items():

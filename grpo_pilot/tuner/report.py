@@ -1,11 +1,13 @@
-"""The sweep's outputs in DIR: `plan.json` (best measured), `trials.csv`, `report.png`.
+"""The sweep's outputs in DIR: `plan.json` (best measured), `trials.csv`, `report.png`, `calibration.json`.
 
 - plan.json: the trial plan of the successful trial with the highest measured throughput (the
   planner's evaluation of its knobs, so `grpo-run plan.json` runs exactly what was measured);
 - trials.csv: one row per counted trial (`records.trials_frame`), measured beside predicted;
 - report.png (matplotlib, Agg): measured vs predicted throughput, phase times and phase peaks (log
   axes, the diagonal is a perfect prediction), and the Pareto front of measured throughput against
-  measured peak memory, with failed and pruned trials at their predicted peak.
+  measured peak memory, with failed and pruned trials at their predicted peak;
+- calibration.json: the estimator's constants fitted from the measured trials (`tuner.calibrate`),
+  which `grpo-plan --calibration` loads.
 Every file is written atomically.
 """
 
@@ -18,13 +20,17 @@ from typing import Any
 from pydantic import Field
 
 from grpo_pilot.atomic import atomic_write_bytes, atomic_write_text
+from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.calibration import Calibration, save_calibration
 from grpo_pilot.planner.evaluate import evaluate
 from grpo_pilot.planner.plan import Plan, save_plan
+from grpo_pilot.tuner.calibrate import fit_calibration
 from grpo_pilot.tuner.prior import plan_inputs
 from grpo_pilot.tuner.records import TrialRecord, trials_frame
 
 MIB = float(1 << 20)
+CALIBRATION_FILE = "calibration.json"
 PHASE_COLORS = {"rollout": "tab:blue", "log_prob": "tab:green", "update": "tab:red", "weight_sync": "tab:purple"}
 FAILED_MARKERS = {"oom": "x", "worker_died": "X", "crash": "v", "timeout": "s", "pruned": "|"}
 
@@ -35,6 +41,7 @@ class Outputs(Frozen):
     plan_path: str | None = None
     trials_csv: str | None = None
     report_png: str | None = None
+    calibration_json: str | None = None
     best_trial: int | None = None
     notes: tuple[str, ...] = Field(default=())
 
@@ -61,7 +68,15 @@ def best_plan(base: Plan, record: TrialRecord) -> Plan:
     return evaluate(plan_inputs(base), record.knobs)
 
 
-def write_outputs(out_dir: str | Path, base: Plan, records: list[TrialRecord]) -> Outputs:
+def write_calibration(
+    out_dir: str | Path, base: Plan, records: list[TrialRecord], *, source: str = ""
+) -> tuple[Path, Calibration]:
+    """Fit the calibration from the measured records and write OUT/calibration.json atomically."""
+    calibration = fit_calibration(plan_inputs(base), records, source=source)
+    return save_calibration(calibration, Path(out_dir) / CALIBRATION_FILE), calibration
+
+
+def write_outputs(out_dir: str | Path, base: Plan, records: list[TrialRecord], *, source: str = "") -> Outputs:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
@@ -73,6 +88,14 @@ def write_outputs(out_dir: str | Path, base: Plan, records: list[TrialRecord]) -
         plan_path = str(save_plan(best_plan(base, best), out / "plan.json"))
     else:
         notes.append("plan.json not written: no trial has a measurement yet")
+    calibration = None
+    if best is not None:
+        try:
+            calibration = str(write_calibration(out, base, records, source=source)[0])
+        except InputError as exc:  # e.g. the measured trials ran plans for another GPU than the base plan
+            notes.append(f"calibration.json not written: {exc.paragraph()}")
+    else:
+        notes.append("calibration.json not written: no trial has a measurement yet")
     png = None
     try:
         png = str(atomic_write_bytes(out / "report.png", render_png(records)))
@@ -82,6 +105,7 @@ def write_outputs(out_dir: str | Path, base: Plan, records: list[TrialRecord]) -
         plan_path=plan_path,
         trials_csv=str(csv_path),
         report_png=png,
+        calibration_json=calibration,
         best_trial=best.number if best else None,
         notes=tuple(notes),
     )

@@ -77,6 +77,8 @@ class TrialOutcome(Frozen):
     step_tokens_per_s: tuple[float, ...] = Field(default=(), description="tokens/s of each measured step.")
     device: str | None = Field(default=None, description="Where the engine ran (profile.json 'device').")
     memory_source: str | None = None
+    prompt_len_mean_tokens: float | None = Field(default=None, description="Mean prompt of the measured steps.")
+    response_len_mean_tokens: float | None = Field(default=None, description="Mean response of the measured steps.")
     failure: Failure | None = None
     returncode: int | None = None
     wall_s: float = Field(default=0.0, ge=0.0, description="Wall time of the whole run (start-up included).")
@@ -245,6 +247,30 @@ def read_step_rates(out: Path, measured: tuple[int, ...]) -> tuple[float, ...]:
     return tuple(rates)
 
 
+def read_lengths(out: Path, measured: tuple[int, ...]) -> dict[str, float]:
+    """Mean prompt and response tokens of the measured steps from the engine's lengths.jsonl (empty
+    when absent): the lengths the measured time was spent on, which calibration evaluates the planner at."""
+    path = out / "lengths.jsonl"
+    if not path.exists():
+        return {}
+    prompts, responses = [], []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        prompt, response = _number(row.get("prompt_tokens")), _number(row.get("response_tokens"))
+        if row.get("step") in measured and prompt is not None and response is not None:
+            prompts.append(prompt)
+            responses.append(response)
+    if not prompts:
+        return {}
+    return {
+        "prompt_len_mean_tokens": sum(prompts) / len(prompts),
+        "response_len_mean_tokens": sum(responses) / len(responses),
+    }
+
+
 def read_outcome(out: Path, *, returncode: int | None, wall_s: float, forced: Failure | None = None) -> TrialOutcome:
     """The outcome from TRIALDIR's files and the exit status (pure apart from reading files)."""
     failure = forced or read_failure(out)
@@ -267,6 +293,7 @@ def read_outcome(out: Path, *, returncode: int | None, wall_s: float, forced: Fa
     return TrialOutcome(
         status="ok",
         step_tokens_per_s=read_step_rates(out, profile["steps_measured"]),
+        **read_lengths(out, profile["steps_measured"]),
         returncode=returncode,
         wall_s=wall_s,
         **profile,

@@ -5,8 +5,10 @@ A real trial costs seconds to minutes, so this grid is coarser than the planner'
 powers of two for batches and token budgets. Only knobs that mean something on the plan's hardware
 and layout are dimensions; every other knob keeps the input plan's value:
 
-- `rollout_tp` and `ulysses_sp` (colocated placement only): powers of two up to the GPUs of one node
-  that divide the world size, the attention heads and the kv heads (vLLM / verl Ulysses rules);
+- `rollout_tp` (colocated placement only): powers of two up to the GPUs of one node that divide the
+  world size, the attention heads and the kv heads (vLLM rules). `ulysses_sp` is not a dimension: every
+  trial runs on grpo-run, which refuses Ulysses sequence parallelism (`engine/assemble.py`), so such a
+  point could only crash;
 - `gpu_memory_utilization`, `enforce_eager` (CUDA graphs): vLLM rollout only, the latter on a GPU;
 - `update_batch`: a fixed micro-batch ("micro:4", dividing the per-GPU mini-batch) or a token budget
   ("tokens:6144" = verl's dynamic batching, whole sequences of prompt + response);
@@ -110,8 +112,6 @@ def build_space(plan: Plan) -> TuneSpace:
             choices[name] = (False, True)
         if vllm:
             choices["enforce_eager"] = (False, True)
-    if colocated and world > 1:
-        choices["ulysses_sp"] = _with(parallel(), knobs.ulysses_sp)
     return TuneSpace(choices=choices, base=knobs)
 
 

@@ -64,11 +64,41 @@ def test_update_phase_single_gpu_by_hand() -> None:
 
 def test_partial_last_micro_batch_is_not_padded() -> None:
     """10 sequences per rank in micro-batches of 4 = 4 + 4 + 2: on one GPU (no FSDP traffic) the
-    compute is that of 10 sequences, the same as micro-batches of 1, 2 or 5."""
+    compute is that of 10 sequences, the same as micro-batches of 1, 2 or 5 (op dispatch off: it is
+    a cost per micro-batch, tested below)."""
     s, c = spec("qwen2.5-0.5b"), parse_cluster("1xA100-80G")
     w = SMALL.model_copy(update={"prompts_per_step": 5, "mini_batch_prompts": 5})
-    times = {m: T.update_time_s(s, c, w, Knobs(micro_batch_size_per_gpu=m), "grpo-pilot") for m in (1, 2, 4, 5)}
+    coef = COEF.model_copy(update={"train_dispatch_s_per_layer_pass": 0.0})
+    times = {m: T.update_time_s(s, c, w, Knobs(micro_batch_size_per_gpu=m), "grpo-pilot", coef) for m in (1, 2, 4, 5)}
     assert times[4] == pytest.approx(times[1], rel=1e-12) == pytest.approx(times[5], rel=1e-12)
+
+
+def test_op_dispatch_per_micro_batch_adds_on_cpu_and_hides_behind_gpu_work() -> None:
+    """Each micro-batch dispatches forward + backward (3 layer passes) of eager ops. On the cpu
+    pseudo-device the host runs them, so 10 micro-batches cost 9 dispatches more than one; on a GPU a
+    micro-batch lasts max(device work, dispatch)."""
+    s = spec("qwen2.5-0.5b")
+    w = SMALL.model_copy(update={"prompts_per_step": 5, "mini_batch_prompts": 5})  # 10 sequences
+    slow = COEF.model_copy(update={"train_dispatch_s_per_layer_pass": 0.01})
+    zero = COEF.model_copy(update={"train_dispatch_s_per_layer_pass": 0.0})
+    dispatch = 3 * s.num_layers * 0.01
+    assert T.train_dispatch_s(s, 3, slow) == pytest.approx(dispatch)
+    cpu = parse_cluster("1xcpu")
+
+    def knobs(micro: int) -> Knobs:
+        return Knobs(micro_batch_size_per_gpu=micro, gradient_checkpointing=False)
+
+    def cpu_update(micro: int, coef) -> float:
+        return T.update_time_s(s, cpu, w, knobs(micro), "grpo-pilot", coef)
+
+    assert cpu_update(1, slow) - cpu_update(1, zero) == pytest.approx(10 * dispatch)
+    assert cpu_update(10, slow) - cpu_update(10, zero) == pytest.approx(dispatch)
+    gpu = parse_cluster("1xA100-80G")
+    one_seq = T.update_time_s(s, gpu, w, knobs(1), "grpo-pilot", zero)
+    assert one_seq / 10 < dispatch  # 0.72 s of dispatch per micro-batch outlasts one sequence's GPU work
+    adam = s.num_params * T.ADAM_BYTES_PER_PARAM / 2039e9
+    with_dispatch = T.update_time_s(s, gpu, w, knobs(1), "grpo-pilot", slow)
+    assert with_dispatch == pytest.approx(10 * dispatch + adam)
 
 
 def test_checkpointing_adds_one_forward() -> None:

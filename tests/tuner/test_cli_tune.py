@@ -24,10 +24,12 @@ from typer.testing import CliRunner
 import grpo_pilot.tuner.runner as runner_module
 from grpo_pilot.cli_tune import app
 from grpo_pilot.engine.run_config import RunConfig
+from grpo_pilot.planner.calibration import load_calibration
 from grpo_pilot.planner.plan import load_plan
 from grpo_pilot.tuner import study as st
 
 REPO = Path(__file__).resolve().parents[2]
+TWO_CPU = "examples/tiny/plan-2xcpu-colocated.json"
 CAP_SUPPORTED = "memory_cap_bytes" in RunConfig.model_fields
 
 
@@ -173,7 +175,9 @@ def test_real_sweep_killed_and_resumed(tmp_path):
         if (out / "study.db").exists():
             study = study or st.open_study(st.default_storage(out), "e2e")
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if st.counted(study) >= 2 and running:  # the kill must land inside the third trial
+            # the kill must land inside the third trial, once it holds its lease (a trial killed between ask
+            # and lease is only taken for stale after UNLEASED_STALE_S: the next start would leave it alone)
+            if st.counted(study) >= 2 and running and "lease_pid" in running[0].user_attrs:
                 break
         time.sleep(0.5)
     assert first.poll() is None, first.stdout.read().decode()
@@ -200,6 +204,35 @@ def test_real_sweep_killed_and_resumed(tmp_path):
     assert load_plan(out / "plan.json").knobs == load_plan(out / f"trials/e2e-{best_trial:04d}/trialplan.json").knobs
     assert (out / "report.png").stat().st_size > 20_000
     assert not list(out.glob("trials/*/run/checkpoints"))
+    # the measured lengths are recorded, and the sweep's calibration comes from all four trials
+    assert frame.shape[0] == 4
+    records = st.records(st.open_study(st.default_storage(out), "e2e"))
+    assert all(0 < (r.measured_prompt_len_mean_tokens or 0) <= 32 for r in records)
+    assert all(0 < (r.measured_response_len_mean_tokens or 0) <= 16 for r in records)
+    cal = load_calibration(out / "calibration.json")
+    assert (cal.device_kind, cal.plan_gpu, cal.num_trials) == ("cpu", "cpu", 4)
+    assert cal.versions["torch"] == metadata.version("torch")
+    assert cal.fit_error.tokens_per_s_after < cal.fit_error.tokens_per_s_before
+    assert wait_gone(str(out), 15) == []
+
+
+@pytest.mark.slow
+def test_real_sweep_of_a_two_worker_plan(tmp_path):
+    """examples/tiny/plan-2xcpu-colocated.json: the trial runs on two Ray workers; its trial plan is the
+    plan again (same usable memory, fits), and the sweep writes its outputs and the calibration."""
+    out = tmp_path / "out"
+    args = tune_cmd(TWO_CPU, "--config", TINY_CONFIG, "--out", str(out), "--trials", "1", "-q")
+    result = subprocess.run(args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    frame = pd.read_csv(out / "trials.csv")
+    assert list(frame["status"]) == ["ok"] and frame.loc[0, "source"] == "input_plan"
+    workers = json.loads((out / "trials/grpo-tune-0000/run/workers.json").read_text())
+    assert len(workers) == 2 and {w["train_rank"] for w in workers} == {0, 1}
+    trial_plan = load_plan(out / "trials/grpo-tune-0000/trialplan.json")
+    base = load_plan(TWO_CPU)
+    assert trial_plan.fits and trial_plan.usable_gpu_bytes == base.usable_gpu_bytes
+    assert load_calibration(out / "calibration.json").plan_gpu == "cpu"
+    assert (out / "plan.json").exists() and (out / "report.png").exists()
     assert wait_gone(str(out), 15) == []
 
 

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 from tune_helpers import failed, measured, tiny_plan
 
+from grpo_pilot.planner.calibration import load_calibration
 from grpo_pilot.planner.plan import load_plan
 from grpo_pilot.tuner.prior import plan_inputs
 from grpo_pilot.planner.evaluate import evaluate
@@ -65,6 +66,9 @@ def test_outputs(tmp_path):
     assert best_record(records).number == 2
     out = write_outputs(tmp_path, tiny_plan(), records)
     assert out.best_trial == 2 and not out.notes
+    # the calibration is fitted from the three measured trials (not the oom, not the pruned one)
+    assert out.calibration_json == str(tmp_path / "calibration.json")
+    assert load_calibration(out.calibration_json).num_trials == 3
     best = load_plan(out.plan_path)
     assert best.knobs.max_token_len_per_gpu == 768 and best.knobs.micro_batch_size_per_gpu == 16
     assert best.workload == tiny_plan().workload and best.model == tiny_plan().model
@@ -85,6 +89,8 @@ def test_outputs(tmp_path):
         "knob.update_batch",
         "version.torch",
         "gpu_kind",
+        "measured_prompt_len_mean_tokens",
+        "measured_response_len_mean_tokens",
     ):
         assert column in frame.columns, column
     assert frame.loc[0, "update.measured_peak_bytes"] == 7_000_000
