@@ -77,14 +77,25 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard(root: torch.nn.Module, model: torch.nn.Module, *, device: torch.device, offload: bool, train: bool) -> None:
-    """`fully_shard` every decoder layer of `model`, then `root` (which contains `model`); in place."""
+def shard(
+    root: torch.nn.Module,
+    model: torch.nn.Module,
+    *,
+    device: torch.device,
+    offload: bool,
+    train: bool,
+    mixed_precision: bool | None = None,
+) -> None:
+    """`fully_shard` every decoder layer of `model`, then `root` (which contains `model`); in place.
+
+    `mixed_precision` (bf16 compute, fp32 reduce; training only): None = on CUDA devices."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     on_gpu = device.type == "cuda"
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu and train else None
+    mixed = on_gpu if mixed_precision is None else mixed_precision
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed and train else None
     kwargs: dict[str, Any] = {
         # the actor's device, not the machine's default (a CPU run on a GPU host stays on the CPU)
         "mesh": init_device_mesh(device.type, (dist.get_world_size(),)),
@@ -94,7 +105,11 @@ def shard(root: torch.nn.Module, model: torch.nn.Module, *, device: torch.device
         kwargs["mp_policy"] = mp
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
-    fully_shard(root, **kwargs)
+    # FSDP2 keeps a root's parameters gathered after its forward unless told otherwise (for training the
+    # backward re-gathers them at once; torch/distributed/fsdp/_fully_shard/_fsdp_state.py `_lazy_init`).
+    # A forward-only model (the reference) has no backward to free them: they stayed gathered in bf16
+    # (embeddings + lm_head, 2 GiB for a 7B model) through the whole update — found by the traced method.
+    fully_shard(root, **kwargs, **({} if train else {"reshard_after_forward": True}))
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
