@@ -397,6 +397,13 @@ class Actor:
                         out[i] = lp.float()
             finally:
                 model.train(was_training)
+                if self.sharded:
+                    # FSDP2 keeps a root's parameters gathered after its forward (its backward would
+                    # re-gather them at once: torch/distributed/fsdp/_fully_shard/_fsdp_state.py
+                    # `_lazy_init`); a no-grad pass has no backward to free them, so the embeddings and
+                    # lm_head (2 GiB in bf16 for a 7B model) stayed gathered into the next pass and the
+                    # update. Found by the traced method (grpo-plan --verify).
+                    scorer.reshard()
         return out  # type: ignore[return-value]
 
     def update(

@@ -105,11 +105,7 @@ def shard(
         kwargs["mp_policy"] = mp
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
-    # FSDP2 keeps a root's parameters gathered after its forward unless told otherwise (for training the
-    # backward re-gathers them at once; torch/distributed/fsdp/_fully_shard/_fsdp_state.py `_lazy_init`).
-    # A forward-only model (the reference) has no backward to free them: they stayed gathered in bf16
-    # (embeddings + lm_head, 2 GiB for a 7B model) through the whole update — found by the traced method.
-    fully_shard(root, **kwargs, **({} if train else {"reshard_after_forward": True}))
+    fully_shard(root, **kwargs)
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
