@@ -107,7 +107,7 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
     if dist.is_initialized():
         raise RunError(
             "A torch.distributed process group is already initialised in this process.",
-            "Run the trace in its own process (e.g. `python benchmarks/traced_vs_analytic.py`).",
+            "Run the trace in its own process (e.g. `python benchmarks/estimator_accuracy.py`).",
         )
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
