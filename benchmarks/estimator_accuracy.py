@@ -1,8 +1,9 @@
 """Estimator accuracy: the analytic memory model vs the traced method (the engine's own actor on fake
 tensors), per item and overall, for the update and log-prob phases of full-size catalog models.
 
-    .venv/bin/python benchmarks/estimator_accuracy.py            # 9 cases, 0.5B-32B (a few minutes, 2 cores)
-    .venv/bin/python benchmarks/estimator_accuracy.py --quick    # 3 cases (~1 min)
+    .venv/bin/python benchmarks/estimator_accuracy.py            # 7 cases, 0.5B-32B (~4 min on a quiet 2-core box)
+    .venv/bin/python benchmarks/estimator_accuracy.py --quick    # 3 cases, 0.5B and 7B (~1.5 min)
+    .venv/bin/python benchmarks/estimator_accuracy.py --all      # 9 cases: adds Llama-3.1-8B and Qwen2.5-14B
     .venv/bin/python benchmarks/estimator_accuracy.py --items    # also every case's per-item table
 
 Each case is what `grpo-plan --verify` runs for a plan with these knobs (verify/compare.py): rank 0 of
@@ -37,13 +38,15 @@ QUICK: list[Case] = [
     ("qwen2.5-7b", "8xH100", 1024, 3072, 4, None, True, False),  # 16k, checkpointing
     ("qwen2.5-7b", "8xH100", 512, 1024, 4, None, False, True),  # grpo-plan's 7B plan: 6k, no ckpt, fused
 ]
-FULL: list[Case] = QUICK + [
+DEFAULT: list[Case] = QUICK + [
     ("qwen2.5-1.5b", "8xH100", 512, 1536, 4, None, False, False),  # 8k, no checkpointing, plain logits
     ("qwen2.5-3b", "4xH100", 1024, 2048, None, 12288, True, True),  # dynamic batching, 12k budget
     ("qwen3-8b", "8xH100", 1024, 3072, 4, None, True, True),  # qk-norm family, 16k
+    ("qwen2.5-32b", "2x8xH100", 1024, 3072, 1, None, True, False),  # 4k on 16 ranks
+]
+ALL: list[Case] = DEFAULT + [
     ("llama-3.1-8b", "8xH100", 512, 1536, 2, None, False, False),  # 4k, 128k vocabulary
     ("qwen2.5-14b", "8xH100", 1024, 3072, 2, None, True, True),  # 8k
-    ("qwen2.5-32b", "2x8xH100", 1024, 3072, 1, None, True, False),  # 4k on 16 ranks
 ]
 
 
@@ -86,14 +89,15 @@ def _items_table(report) -> Table:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 cases (0.5B and 7B) instead of 9")
+    parser.add_argument("--quick", action="store_true", help="3 cases (0.5B and 7B) instead of 7")
+    parser.add_argument("--all", action="store_true", help="9 cases: adds Llama-3.1-8B and Qwen2.5-14B")
     parser.add_argument("--items", action="store_true", help="print every case's per-item update table")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     console = Console(width=170)
-    cases = QUICK if args.quick else FULL
+    cases = QUICK if args.quick else (ALL if args.all else DEFAULT)
     started = time.perf_counter()
     summary = Table(title="analytic vs traced, tensors on rank 0 (rel. error = analytic / traced − 1)")
     for name in (

@@ -50,9 +50,11 @@ from grpo_pilot.planner.memory.activations import (
     layer_activation_bytes_per_token,
     layer_backward_temporary_bytes,
     recompute_activation_bytes,
+    head_side_activation_bytes,
     saved_activation_bytes,
 )
 from grpo_pilot.planner.memory.fsdp import (
+    FSDP_PREFETCH_LAYERS,
     gathered_layers_bytes,
     head_grad_bytes,
     layer_reduce_scatter_bytes,
@@ -452,6 +454,8 @@ def update_memory(ctx: MemoryContext) -> dict[str, int]:
         saved_activations=saved_activation_bytes(
             t, m.num_layers, ctx.per_layer_tok, mask, bool_mask, m.hidden_size, c, k.gradient_checkpointing
         ),
+        head_side_activations=head_side_activation_bytes(t, m.hidden_size, c),
+        prefetched_layer=ctx.gathered // FSDP_PREFETCH_LAYERS,
         recompute_activations=recompute_activation_bytes(t, ctx.per_layer_tok, mask, k.gradient_checkpointing),
         logits=logprob_logits_bytes(
             scored_tokens(t, ctx.share, ctx.traits.scores_all_positions),

@@ -76,7 +76,9 @@ def test_update_logits_scored_positions_in_the_estimate(est) -> None:
     )
     # verl scores every packed position; its logits moment (10.1 GB) outweighs the last layer's backward
     assert verl.phases["update"].items["logits"] == 4 * 16_384 * V_QWEN25 + 2 * 16_384 * 3584
-    assert verl.phases["update"].items["gathered_layers"] == 0  # no decoder layer is gathered at the logits
+    # at the logits one decoder layer is gathered: FSDP2's backward prefetch of the last layer (traced with the
+    # engine's actor, verify/traced.py), c·P_layer = 2 × 233,057,792 bytes for Qwen2.5-7B
+    assert verl.phases["update"].items["gathered_layers"] == 2 * 233_057_792
     # our engine keeps logits for response positions only: ceil(16384 × 1024 / 1536) = 10,923 of them, at
     # 4 bytes per element (bf16 logits + their gradient) + one float32 chunk + the hidden gradient: 6.9 GB,
     # less than verl's 10.1 GB, and no longer the update's peak moment (a layer's backward is)
