@@ -57,13 +57,13 @@ def test_logits_bytes_for_16k_tokens() -> None:
     # forward-only (log-prob pass): the logits (2 bytes bf16, 4 fp32) and one float32 chunk, no hidden gradient
     assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=False) == 2 * T * V + 4 * chunk
     assert logprob_logits_bytes(T, V, h, 4, "grpo-pilot", training=False, fused=False) == 4 * T * V + 4 * chunk
-    # fused, chunks of 1024 tokens: forward 12 bytes per chunk element; training backward c + 20 = 22,
+    # fused, chunks of 1024 tokens: forward 12 bytes per chunk element; training backward c + 12 = 14,
     # plus the fp32 weight-gradient accumulator 4·V·h and the hidden gradient; its bf16 cast 2·V·h comes after
     # the chunk loop, when the chunk buffers (larger here) are freed
     assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=True) == 12 * 1024 * V
     assert (
         logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=True, entropy="metric")
-        == 22 * 1024 * V + 4 * V * h + 2 * T * h
+        == 14 * 1024 * V + 4 * V * h + 2 * T * h
     )
     # TRL's fused head: one [4096, 32768] bf16 tile + 7 fp32 statistics per token
     assert logprob_logits_bytes(T, V, h, 2, "trl", training=False, fused=False) == 2 * 4096 * 32768 + 28 * T
