@@ -283,6 +283,12 @@ def main(
         None, "--plot", help="Write a PNG of memory per phase (stacked items) against usable memory (matplotlib)."
     ),
     list_models_flag: bool = typer.Option(False, "--list-models", help="List bundled models and exit."),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="Also trace the plan's update and log-prob phases through the engine's own actor on fake tensors "
+        "(no GPU, seconds) and print traced vs analytic bytes per item (needs the engine extra).",
+    ),
 ) -> None:
     console = Console(soft_wrap=False, width=None)
     if list_models_flag:
@@ -303,6 +309,10 @@ def main(
         )
     if override and not (from_verl or from_trl):
         raise InputError("--override applies to a --from-verl or --from-trl file.", "Use --pin KEY=VALUE for knobs.")
+    if verify:
+        from grpo_pilot.cli_plan_verify import require_engine
+
+        require_engine()
     length_values = length_fields(
         prompt_len=prompt_len,
         response_len=response_len,
@@ -360,10 +370,24 @@ def main(
         plan = make_plan(inputs, pins=pins, trials=trials or DEFAULT_TRIALS, seed=seed)
         if not plan.fits:
             check_pins(inputs, pins)
+    report = None
+    if verify:
+        from grpo_pilot.cli_plan_verify import verify as verify_plan
+
+        report = verify_plan(plan)
     if json_out:
-        typer.echo(plan.to_json(), nl=False)
+        if report is None:
+            typer.echo(plan.to_json(), nl=False)
+        else:
+            from grpo_pilot.cli_plan_verify import plan_json_with_verify
+
+            typer.echo(plan_json_with_verify(plan.to_json(), report), nl=False)
     else:
         render(plan, console, pins, notes)
+        if report is not None:
+            from grpo_pilot.cli_plan_verify import render_verify
+
+            render_verify(report, console)
     if plot:
         from grpo_pilot.memory_plot import write_memory_plot
 

@@ -244,6 +244,10 @@ class Actor:
 
     `world_size` / `rank`: this actor's place among the training ranks (the default torch.distributed
     group must already hold them when `world_size` > 1).
+    `numerics`: the device type whose numerics the actor follows — compute dtype (bf16 autocast or FSDP2
+    mixed precision on "cuda", fp32 on "cpu"), the reference copy's dtype and the AdamW kernel (foreach
+    on "cuda", fused on the host); None = `device.type`. The traced method (grpo_pilot/verify) runs the
+    CUDA numerics on fake cpu tensors.
     """
 
     def __init__(
@@ -254,6 +258,7 @@ class Actor:
         settings: ActorSettings,
         world_size: int = 1,
         rank: int = 0,
+        numerics: str | None = None,
     ) -> None:
         from grpo_pilot.engine import sharding
 
@@ -265,7 +270,8 @@ class Actor:
         # shards to the device (or keeps them on the host with offload): no full copy on the accelerator
         self.policy = policy.to(dtype=torch.float32) if self.sharded else policy.to(device=device, dtype=torch.float32)
         self.policy.config.use_cache = False
-        compute_dtype = torch.bfloat16 if device.type == "cuda" else None
+        numerics = numerics or device.type
+        compute_dtype = torch.bfloat16 if numerics == "cuda" else None
         ref: torch.nn.Module | None = None
         if settings.with_ref:  # frozen copy of the initial policy; bf16 on GPU (what the planner assumes)
             ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
@@ -291,19 +297,31 @@ class Actor:
         self._own_group = False
         if self.sharded:
             self._own_group = sharding.ensure_process_group(world_size, device)
-            sharding.shard(self.scorer, self.policy, device=device, offload=settings.offload, train=True)
+            mixed = compute_dtype is not None
+            sharding.shard(
+                self.scorer, self.policy, device=device, offload=settings.offload, mixed_precision=mixed, train=True
+            )
             if self.ref_scorer is not None:
-                sharding.shard(self.ref_scorer, ref, device=device, offload=settings.ref_param_offload, train=False)
+                sharding.shard(
+                    self.ref_scorer,
+                    ref,
+                    device=device,
+                    offload=settings.ref_param_offload,
+                    mixed_precision=mixed,
+                    train=False,
+                )
         # cpu: the fused kernel (one vectorised in-place pass per tensor, no temporaries; ~3x faster than
         # the default single-tensor loop for small models); GPU: torch's default (foreach), which
         # planner/memory/optimizer.py models for both; offloaded states step on the host (fused there too)
-        on_host = device.type == "cpu" or settings.optimizer_offload or settings.param_offload
+        on_host = numerics == "cpu" or settings.optimizer_offload or settings.param_offload
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(),
             lr=settings.lr,
             betas=(settings.adam_beta1, settings.adam_beta2),
             weight_decay=settings.weight_decay,
             fused=True if on_host else None,
+            # torch's default on CUDA tensors, made explicit so the traced method (fake cpu tensors) follows it
+            foreach=True if numerics == "cuda" and not on_host else None,
         )
 
     @property
@@ -379,6 +397,13 @@ class Actor:
                         out[i] = lp.float()
             finally:
                 model.train(was_training)
+                if self.sharded:
+                    # FSDP2 keeps a root's parameters gathered after its forward (its backward would
+                    # re-gather them at once: torch/distributed/fsdp/_fully_shard/_fsdp_state.py
+                    # `_lazy_init`); a no-grad pass has no backward to free them, so the embeddings and
+                    # lm_head (2 GiB in bf16 for a 7B model) stayed gathered into the next pass and the
+                    # update. Found by the traced method (grpo-plan --verify).
+                    scorer.reshard()
         return out  # type: ignore[return-value]
 
     def update(

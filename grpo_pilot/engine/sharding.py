@@ -77,14 +77,25 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard(root: torch.nn.Module, model: torch.nn.Module, *, device: torch.device, offload: bool, train: bool) -> None:
-    """`fully_shard` every decoder layer of `model`, then `root` (which contains `model`); in place."""
+def shard(
+    root: torch.nn.Module,
+    model: torch.nn.Module,
+    *,
+    device: torch.device,
+    offload: bool,
+    train: bool,
+    mixed_precision: bool | None = None,
+) -> None:
+    """`fully_shard` every decoder layer of `model`, then `root` (which contains `model`); in place.
+
+    `mixed_precision` (bf16 compute, fp32 reduce; training only): None = on CUDA devices."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     on_gpu = device.type == "cuda"
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu and train else None
+    mixed = on_gpu if mixed_precision is None else mixed_precision
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed and train else None
     kwargs: dict[str, Any] = {
         # the actor's device, not the machine's default (a CPU run on a GPU host stays on the CPU)
         "mesh": init_device_mesh(device.type, (dist.get_world_size(),)),

@@ -47,12 +47,14 @@ from grpo_pilot.planner.memory.activations import (
     attention_mask_bytes,
     boolean_mask_bytes,
     forward_activation_bytes,
+    head_side_activation_bytes,
     layer_activation_bytes_per_token,
     layer_backward_temporary_bytes,
     recompute_activation_bytes,
     saved_activation_bytes,
 )
 from grpo_pilot.planner.memory.fsdp import (
+    FSDP_PREFETCH_LAYERS,
     gathered_layers_bytes,
     head_grad_bytes,
     layer_reduce_scatter_bytes,
@@ -64,8 +66,8 @@ from grpo_pilot.planner.memory.host import host_items
 from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_per_token, kv_tokens
 from grpo_pilot.planner.memory.layout import Layout, layout_for
 from grpo_pilot.planner.memory.logits import logprob_logits_bytes
-from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
 from grpo_pilot.planner.memory.model_states import actor_state_bytes, sharded_bytes
+from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
 from grpo_pilot.planner.memory.optimizer import adam_step_temporary_bytes
 from grpo_pilot.planner.memory.precision import Precision, precision_for
 from grpo_pilot.planner.memory.tokens import (
@@ -452,6 +454,8 @@ def update_memory(ctx: MemoryContext) -> dict[str, int]:
         saved_activations=saved_activation_bytes(
             t, m.num_layers, ctx.per_layer_tok, mask, bool_mask, m.hidden_size, c, k.gradient_checkpointing
         ),
+        head_side_activations=head_side_activation_bytes(t, m.hidden_size, c),
+        prefetched_layer=ctx.gathered // FSDP_PREFETCH_LAYERS,
         recompute_activations=recompute_activation_bytes(t, ctx.per_layer_tok, mask, k.gradient_checkpointing),
         logits=logprob_logits_bytes(
             scored_tokens(t, ctx.share, ctx.traits.scores_all_positions),

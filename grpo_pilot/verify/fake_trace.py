@@ -1,5 +1,6 @@
 """The torch plumbing of the traced method (verify/traced.py): HF config from a spec, the fake process
-group, the two tracker adjustments torch 2.13 needs, and reading tracker snapshots.
+group, the two tracker adjustments torch 2.13 needs, a fake mode that answers host syncs, and reading
+and steering tracker snapshots.
 
 Adjustments (both undone on exit of `tracker_adjustments`):
 - DTensor's sharding propagation runs its shape inference under `detect_fake_mode()`, which inside our
@@ -9,6 +10,13 @@ Adjustments (both undone on exit of `tracker_adjustments`):
   tracker skips by identity (`active_fake_mode() is self._fake_mode_on_entry`).
 - The tracker rounds to the CUDA caching allocator's 512-byte block only for `cuda` tensors; fake `cuda`
   tensors cannot run backward on a CPU build, so we trace on `cpu` and apply the rounding to all.
+
+Host syncs: the engine's actor reads a few numbers back from tensors (loss metrics, the grad norm,
+the micro-batch count agreed across ranks). A fake tensor has no value, so `HostSyncFakeMode` answers
+`aten._local_scalar_dense` with the tensor's tracked constant when it has one (small tensors made
+from Python numbers, e.g. the micro-batch count, keep theirs through the fake all-reduce: every rank
+of the fake group is rank 0, so the reduction of equal values is the value), else 1 (False for a
+boolean): those are metrics, which never decide what is allocated.
 
 torch is imported inside the functions only.
 """
@@ -99,13 +107,68 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
     if dist.is_initialized():
         raise RunError(
             "A torch.distributed process group is already initialised in this process.",
-            "Run the trace in its own process (e.g. `python benchmarks/traced_vs_analytic.py`).",
+            "Run the trace in its own process (e.g. `python benchmarks/estimator_accuracy.py`).",
         )
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         yield init_device_mesh("cpu", (world_size,))
     finally:
         dist.destroy_process_group()
+
+
+def host_sync_fake_mode() -> Any:
+    """A FakeTensorMode (allow_non_fake_inputs) whose host syncs return a placeholder (module docstring)."""
+    import torch
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    local_scalar = torch.ops.aten._local_scalar_dense.default
+
+    class HostSyncFakeMode(FakeTensorMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is local_scalar:
+                try:
+                    return super().__torch_dispatch__(func, types, args, kwargs)
+                except DataDependentOutputException:
+                    dtype = args[0].dtype
+                    return False if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    return HostSyncFakeMode(allow_non_fake_inputs=True)
+
+
+def reset_module_stats_on_root_forward(tracker: Any, roots: tuple[Any, ...]) -> Any:
+    """Clear the tracker's per-module stats at every forward of one of `roots` (a global pre-hook, so it
+    runs before the tracker's own): the memory tracker otherwise refuses a second forward of a root, and
+    the actor runs one per micro-batch. Returns the hook handle (remove it when done)."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    ids = {id(r) for r in roots}
+
+    def hook(module: Any, args: Any) -> None:
+        if id(module) in ids:
+            tracker.reset_mod_stats()
+
+    return register_module_forward_pre_hook(hook)
+
+
+def instrument_extra_root(tracker: Any, root: Any) -> None:
+    """Make an FSDPMemTracker of one FSDP root also label the FSDP units of `root` (the reference model):
+    its sharded parameters, gathers and reduce-scatters then carry their labels, not 'Activation'."""
+    own = tracker._root_mod
+    tracker._root_mod = root
+    try:
+        tracker._instrument_fsdp_module()
+    finally:
+        tracker._root_mod = own
+
+
+def rounded_storage_bytes(tensors: Any) -> int:
+    """Σ of each tensor's storage (a DTensor's local shard) rounded up to the CUDA block (512 B)."""
+    total = 0
+    for t in tensors:
+        local = getattr(t, "_local_tensor", t)
+        total += -(-(local.numel() * local.element_size()) // CUDA_MIN_BLOCK_BYTES) * CUDA_MIN_BLOCK_BYTES
+    return total
 
 
 def snapshot_labels(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:

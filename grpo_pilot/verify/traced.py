@@ -1,231 +1,187 @@
-"""The traced method: byte-exact tensor accounting of one GRPO update step on CPU, no GPU, no real memory.
+"""The traced method: byte-exact tensor accounting of our engine's own GRPO step on CPU — no GPU, no memory.
 
-Recipe (reference/memory-model.md §7): build the real HF model on the `meta` device, shard it with FSDP2
-(`fully_shard` per decoder layer, then the root; MixedPrecisionPolicy param bf16 / reduce fp32) over a
-`"fake"` process group of `world_size` ranks, `to_empty(device="cpu")` inside `FakeTensorMode`, and run
-two training steps (forward, GRPO token log-prob loss, backward, AdamW step) under
-`torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`. The peaks of the *second* step are read
-(the first one creates the optimizer states). Every number is rank 0's.
+Recipe (reference/memory-model.md §7), run through the engine's actor (`engine.actor.Actor`):
+the real HF model is built on the `meta` device; `Actor(...)` shards it with FSDP2 exactly as a
+training worker does (one unit per decoder layer and the `ScoredLogProbs` root, MixedPrecisionPolicy
+bf16/fp32 under CUDA numerics) over a `"fake"` process group of `world_size` ranks; inside a
+FakeTensorMode the shards are materialised on the `cpu` device (`to_empty`) and the actor then runs
 
-The two adjustments torch 2.13 needs (DTensor shape propagation must not be counted; 512-B allocator
-rounding on fake `cpu` tensors) and the rest of the torch plumbing live in `verify/fake_trace.py`.
-`verify/compare.py` sets a trace beside the analytic update phase (`planner/estimate.py`).
+  1. its optimizer's first step on zero gradients (the AdamW states a real step 1 creates),
+  2. the old-policy log-prob pass and the reference pass (`actor.log_probs`), when the step has them,
+  3. one update (`actor.update`): its own micro-batching, log-prob kernel (plain logits or the fused
+     chunked head), GRPO loss with KL and entropy terms, backward, grad clipping and AdamW step,
 
-`trace_update_step` is a function of plain values (a ModelSpec, the shard degree, the micro-batch's
-sequences and tokens, checkpointing, dtypes, optimizer, entropy mode, layout) and knows nothing of plans.
-torch is imported inside the functions: importing this module (and `grpo_pilot.planner`) never imports
-torch.
+under `torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`, reading each phase's peak (rank 0).
+`numerics="cuda"` makes the actor compute as on a GPU (bf16 mixed precision, bf16 reference, foreach
+AdamW) on the fake cpu tensors; `"cpu"` as on the cpu pseudo-device (fp32, fused AdamW).
+
+The update is fed at most two micro-batches' worth of sequences: with two, the second one's backward
+runs with every sharded gradient resident — the update's peak whatever the number of micro-batches.
+The log-prob passes are fed one micro-batch (a forward-only pass peaks inside one).
+
+The adjustments torch 2.13 needs and the host-sync placeholder live in `verify/fake_trace.py`;
+`verify/compare.py` sets a trace beside the analytic estimate. One training rank without offload is
+not sharded by the engine (it moves the whole model to its device), which fake parameters cannot do:
+such plans are refused here. torch is imported inside the functions: importing this module (and
+`grpo_pilot.planner`) never imports torch.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Literal
 
 from pydantic import Field
 
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
+from grpo_pilot.profiles.spec import ModelSpec
 from grpo_pilot.verify.fake_trace import (
-    CUDA_MIN_BLOCK_BYTES,
     fake_process_group,
     hf_config_from_spec,
+    host_sync_fake_mode,
+    instrument_extra_root,
+    reset_module_stats_on_root_forward,
     reset_peak,
+    rounded_storage_bytes,
     snapshot_labels,
-    torch_dtype,
     tracker_adjustments,
 )
-from grpo_pilot.profiles.spec import ModelSpec
 
-OptimizerName = Literal["adamw", "adamw_fused"]
-EntropyMode = Literal["none", "metric", "loss"]
-# GRPO clip range of the surrogate (DeepSeekMath GRPO / PPO default epsilon 0.2, verl clip_ratio).
-CLIP_EPS = 0.2
-
-# Tracker label (FSDPMemTracker `_FSDPRefType` values) -> our category. Items of a category sum to it.
-CATEGORY_OF_LABEL: dict[str, str] = {
-    "Sharded Param": "parameters",
-    "Buffer": "parameters",
-    "Unsharded Param": "gathered_parameters",
-    "All Gather": "gathered_parameters",
-    "Sharded Grad": "gradients",
-    "Unsharded Grad": "gradients",
-    "Reduce Scatter": "gradients",
-    "OptState": "optimizer",
-    "Activation": "activations",
-    "Inputs": "activations",
-    "Temp": "temporaries",
-}
-CATEGORIES: tuple[str, ...] = (
-    "parameters",
-    "gathered_parameters",
-    "gradients",
-    "optimizer",
-    "activations",
-    "temporaries",
-)
+Numerics = Literal["cuda", "cpu"]
+# The FSDP2 warning about a view returned by the root (the actor's flat log-prob tensor): harmless here.
+_VIEW_WARNING = "FSDP2-wrapped module"
 
 
-class TracedMemory(Frozen):
-    """Rank 0's tensor bytes during the second update step, as the FSDP2 memory tracker saw them."""
+class PassTrace(Frozen):
+    """Rank 0's tensor bytes at the peak of one pass, by memory-tracker label."""
 
-    model_name: str = Field(description="ModelSpec.name of the traced model.")
+    peak_bytes: int = Field(ge=0, description="Peak tensor bytes of the pass.")
+    labels: dict[str, int] = Field(description="FSDPMemTracker label -> bytes at the peak; sums to peak_bytes.")
+
+
+class UpdateTrace(PassTrace):
+    """The update's peak, and the peaks before and during the optimizer step."""
+
+    peak_at: Literal["forward_backward", "optimizer_step"]
+    forward_backward_labels: dict[str, int] = Field(description="Labels at the forward/backward peak.")
+    optimizer_step_labels: dict[str, int] = Field(description="Labels at the optimizer-step peak.")
+
+
+class ActorTrace(Frozen):
+    """What the traced GRPO step held on rank 0, phase by phase."""
+
+    model_name: str
     num_params: int = Field(gt=0, description="Parameters of the traced HF model (equals ModelSpec.num_params).")
-    world_size: int = Field(ge=1, description="FSDP shard degree D (fake process group size).")
-    micro_batch_seqs: int = Field(ge=1, description="Sequences in the traced micro-batch.")
-    micro_batches_per_step: int = Field(
-        ge=1, description="Micro-batches whose gradients accumulate before each optimizer step."
-    )
-    seq_len_tokens: int = Field(ge=1, description="Tokens per sequence (prompt + response).")
-    scored_positions_per_seq: int = Field(
-        ge=1, description="Positions per sequence whose logits are computed (logits_to_keep)."
-    )
-    packed: bool = Field(
-        description="One packed row with per-sequence position ids (block-causal mask under SDPA) "
-        "instead of [B, S] rows."
-    )
-    gradient_checkpointing: bool = Field(description="HF activation checkpointing on every decoder layer.")
-    param_dtype: str = Field(description="Compute dtype of gathered parameters (MixedPrecisionPolicy.param_dtype).")
-    master_dtype: str = Field(description="Dtype of the sharded master parameters, gradients and Adam states.")
-    optimizer: OptimizerName = Field(description="'adamw' (foreach, PyTorch's CUDA default) or 'adamw_fused'.")
-    entropy: EntropyMode = Field(description="Entropy of the logits: 'none', 'metric' (no grad) or 'loss' (with grad).")
-    peak_bytes: int = Field(ge=0, description="Peak of step 2 (max of the forward/backward and optimizer-step peaks).")
-    peak_at: Literal["forward_backward", "optimizer_step"] = Field(description="Where the peak happened.")
-    peak_labels: dict[str, int] = Field(description="Tracker label -> bytes at the peak; sums to peak_bytes.")
-    forward_backward_labels: dict[str, int] = Field(description="Tracker label -> bytes at the forward/backward peak.")
-    optimizer_step_labels: dict[str, int] = Field(description="Tracker label -> bytes at the optimizer-step peak.")
-    optimizer_state_bytes: int = Field(
-        ge=0, description="Optimizer states resident after the step (Adam m, v, step counters)."
-    )
-    optimizer_step_counter_bytes: int = Field(
-        ge=0, description="Of which AdamW's scalar `step` tensors (host-side on CUDA unless fused)."
-    )
+    world_size: int = Field(ge=1, description="FSDP shard degree (fake process group size).")
+    numerics: Numerics = Field(description="Whose numerics the actor followed (cuda: bf16 mixed precision).")
+    prompt_len_tokens: int = Field(ge=1)
+    response_len_tokens: int = Field(ge=1)
+    update_seqs: int = Field(ge=1, description="Sequences fed to the traced update (at most two micro-batches).")
+    update_micro_batches: int = Field(ge=1, description="Micro-batches the actor made of them.")
+    log_prob_seqs: int = Field(ge=0, description="Sequences fed to each log-prob pass (one micro-batch).")
+    gradient_checkpointing: bool
+    fused_logprob: bool
+    entropy_grad: bool = Field(description="The entropy bonus carries a gradient (entropy_coeff > 0).")
+    with_ref: bool = Field(description="A reference model was built (KL loss).")
+    policy_shard_bytes: int = Field(ge=0, description="The policy's fp32 shard on this rank.")
+    ref_shard_bytes: int = Field(ge=0, description="The reference model's shard on this rank.")
+    optimizer_state_bytes: int = Field(ge=0, description="AdamW states after the step (m, v, step counters).")
+    update: UpdateTrace
+    old_log_prob: PassTrace | None = Field(default=None, description="The old-policy pass (None: not run).")
+    ref_log_prob: PassTrace | None = Field(default=None, description="The reference pass (None: no KL loss).")
     trace_s: float = Field(ge=0.0, description="Wall time of the trace.")
 
     @property
-    def tokens(self) -> int:
-        return self.micro_batch_seqs * self.seq_len_tokens
+    def update_tokens_per_micro_batch(self) -> int:
+        """Tokens the actor fed per update micro-batch (each sequence's last token is not fed)."""
+        seqs = -(-self.update_seqs // self.update_micro_batches)
+        return seqs * (self.prompt_len_tokens + self.response_len_tokens - 1)
 
     @property
-    def forward_backward_peak_bytes(self) -> int:
-        return sum(self.forward_backward_labels.values())
+    def log_prob_tokens(self) -> int:
+        """Tokens fed to each log-prob pass (one micro-batch)."""
+        return self.log_prob_seqs * (self.prompt_len_tokens + self.response_len_tokens - 1)
 
     @property
-    def optimizer_step_peak_bytes(self) -> int:
-        return sum(self.optimizer_step_labels.values())
-
-    def categories(self, labels: dict[str, int] | None = None) -> dict[str, int]:
-        """Group tracker labels (default: those at the peak) into CATEGORIES; the sum is unchanged."""
-        out = dict.fromkeys(CATEGORIES, 0)
-        for label, value in (self.peak_labels if labels is None else labels).items():
-            out[CATEGORY_OF_LABEL.get(label, "temporaries")] += value
-        return out
+    def log_prob(self) -> PassTrace | None:
+        """The larger of the log-prob passes (what the log_prob phase peaks at)."""
+        passes = [p for p in (self.old_log_prob, self.ref_log_prob) if p is not None]
+        return max(passes, key=lambda p: p.peak_bytes) if passes else None
 
 
-def grpo_token_loss(logits: Any, target_ids: Any, *, entropy: EntropyMode) -> Any:
-    """GRPO surrogate on the scored positions, through our engine's unfused log-prob path.
+def _samples(count: int, prompt_len: int, response_len: int, vocab: int, offset: int) -> list[Any]:
+    """`count` full-length samples with distinct token ids (values do not change memory)."""
+    from grpo_pilot.engine.actor import Sample
 
-    logits [B, k, V] (param dtype) -> `engine.algos.logprobs.token_logprobs` (fp32 logits / temperature,
-    gather of the target minus logsumexp) -> logp [B, k]; ratio = exp(logp - old_logp) with
-    old_logp = logp.detach() (first PPO epoch, on-policy); loss = token-mean of
-    -min(ratio·A, clip(ratio, 1±eps)·A) with A = 1 (any A gives the same memory) plus the k3 KL estimator
-    against a reference log-prob (use_kl_loss). `entropy`: "none"; "metric" = the entropy computed
-    without a gradient, as our engine's update always does for its metrics (a forward transient of
-    fp32 copies of the logits); "loss" = the entropy bonus with a gradient (entropy_coeff > 0).
-    """
-    import torch
-
-    from grpo_pilot.engine.algos.logprobs import entropy_from_logits, token_logprobs
-
-    logp = token_logprobs(logits, target_ids)
-    ratio = torch.exp(logp - logp.detach())
-    surrogate = torch.minimum(ratio, torch.clamp(ratio, 1.0 - CLIP_EPS, 1.0 + CLIP_EPS))
-    ref_logp = (
-        logp.detach() - 0.01
-    )  # stand-in reference log-probs: [B, k] like the real ones; values do not change memory
-    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1.0
-    loss = (kl - surrogate).mean()
-    if entropy == "metric":
-        with torch.no_grad():
-            entropy_from_logits(logits)
-    elif entropy == "loss":
-        loss = loss - 0.01 * entropy_from_logits(logits).mean()  # any coefficient > 0: same graph, same memory
-    return loss
+    out = []
+    for i in range(count):
+        base = (offset + i) * (prompt_len + response_len)
+        ids = [(base + j) % vocab for j in range(prompt_len + response_len)]
+        out.append(Sample(tuple(ids[:prompt_len]), tuple(ids[prompt_len:])))
+    return out
 
 
-def _micro_batch(vocab_size: int, seqs: int, seq_len: int, scored: int, packed: bool) -> tuple[dict[str, Any], Any]:
-    """Model keyword inputs of one micro-batch and the target ids of its scored positions (fake tensors).
-
-    [B, S] rows: `logits_to_keep = scored` (the last positions of every row) -> targets [B, scored].
-    Packed: input_ids [1, B·S], position_ids restarting every S tokens, `logits_to_keep` = the index of
-    the last `scored` positions of each sequence (what the engine's actor passes) -> targets [1, B·scored].
-    """
-    import torch
-
-    if not packed:
-        input_ids = torch.randint(0, vocab_size, (seqs, seq_len))
-        return {"input_ids": input_ids, "logits_to_keep": scored}, input_ids[:, seq_len - scored :]
-    tokens = seqs * seq_len
-    input_ids = torch.randint(0, vocab_size, (1, tokens))
-    position_ids = (torch.arange(tokens) % seq_len).unsqueeze(0)
-    starts = torch.arange(seqs) * seq_len + (seq_len - scored - 1)
-    keep = (starts.unsqueeze(1) + torch.arange(scored).unsqueeze(0)).reshape(-1).clamp(min=0)
-    return {"input_ids": input_ids, "position_ids": position_ids, "logits_to_keep": keep}, input_ids[:, keep + 1]
+def _pass(tracker: Any, run: Any) -> PassTrace:
+    reset_peak(tracker)
+    run()
+    labels = snapshot_labels(tracker.get_tracker_snapshot("peak"))
+    return PassTrace(peak_bytes=sum(labels.values()), labels=labels)
 
 
-def trace_update_step(
+def _check(spec: ModelSpec, world_size: int, settings: Any, counts: tuple[int, int, int, int]) -> None:
+    if world_size < 1 or min(counts[:3]) < 1 or counts[3] < 0:
+        raise InputError(
+            f"The trace needs a world size, lengths and an update batch >= 1 (got {world_size}, {counts}).",
+            "Pass positive sizes.",
+        )
+    if world_size == 1 and not settings.offload:
+        raise InputError(
+            f"One training rank without offload is not sharded by the engine, and the traced method needs FSDP2 "
+            f"to place fake parameters ('{spec.name}' on 1 rank).",
+            "Trace a plan with 2 or more training ranks.",
+        )
+    if settings.offload:
+        raise InputError(
+            "The traced method does not follow offloaded states (FSDP2 CPUOffloadPolicy moves them to host RAM).",
+            "Compare a plan without param_offload / optimizer_offload.",
+        )
+
+
+def trace_actor_step(
     model_spec: ModelSpec,
     *,
     world_size: int,
-    micro_batch_seqs: int,
-    seq_len_tokens: int,
-    gradient_checkpointing: bool,
-    param_dtype: str = "bfloat16",
-    master_dtype: str = "float32",
-    optimizer: OptimizerName = "adamw",
-    entropy: EntropyMode = "none",
-    micro_batches_per_step: int = 2,
-    scored_positions_per_seq: int | None = None,
-    packed: bool = False,
-) -> TracedMemory:
-    """Trace two FSDP2 update steps of `model_spec` on rank 0 of `world_size` and return step 2's peaks.
+    settings: Any,
+    loss: Any,
+    prompt_len_tokens: int,
+    response_len_tokens: int,
+    update_seqs: int,
+    log_prob_seqs: int = 0,
+    old_pass: bool = False,
+    numerics: Numerics = "cuda",
+) -> ActorTrace:
+    """Trace one GRPO step of the engine's actor on rank 0 of `world_size` (module docstring).
 
-    Each step accumulates gradients over `micro_batches_per_step` micro-batches of `micro_batch_seqs` ×
-    `seq_len_tokens` tokens, then takes one AdamW step. Layout: `packed=False` = a [B, S] batch with
-    no mask (SDPA causal) — our engine's SDPA layout for full-length sequences (right-padded rows,
-    engine/actor.py) and TRL's without padding; `packed=True` = ONE row of B·S tokens with position
-    ids restarting per sequence, so transformers builds a block-causal mask (the cost of packing
-    without a varlen kernel; the engine packs only under flash-attention, which does not run on
-    cpu). With 2 or more, the second micro-batch's backward runs with every sharded
-    gradient resident — the usual GRPO peak (a PPO mini-batch holds several micro-batches).
-    `scored_positions_per_seq`: positions per sequence whose logits are computed (HF `logits_to_keep`,
-    the last k of each sequence): None = every position (verl scores the whole packed row), the response length for our
-    engine and TRL. Seconds for a full-size 7B model; no real memory is used.
+    `settings` is the actor's `ActorSettings` (micro-batching, checkpointing, log-prob kernel; `with_ref`
+    builds the reference model and runs its pass), `loss` its `LossSettings`. Every sample is
+    `prompt_len_tokens` + `response_len_tokens` long; the update gets `update_seqs` of them (give at most
+    two micro-batches' worth), each log-prob pass `log_prob_seqs` (one micro-batch; 0 = no pass).
+    `old_pass` runs the old-policy pass (the step has several mini-batches or epochs).
     """
-    scored = seq_len_tokens if scored_positions_per_seq is None else scored_positions_per_seq
-    if min(world_size, micro_batch_seqs, seq_len_tokens, micro_batches_per_step, scored) < 1 or scored > seq_len_tokens:
-        raise InputError(
-            "world_size, micro_batch_seqs, seq_len_tokens, micro_batches_per_step and "
-            "scored_positions_per_seq must be >= 1 "
-            f"(got {world_size}, {micro_batch_seqs}, {seq_len_tokens}, {micro_batches_per_step}, {scored}).",
-            "Pass positive sizes, with scored_positions_per_seq <= seq_len_tokens.",
-        )
-    if entropy not in ("none", "metric", "loss"):
-        raise InputError(f"Unknown entropy mode '{entropy}'.", "Use 'none', 'metric' or 'loss'.")
-    if optimizer not in ("adamw", "adamw_fused"):
-        raise InputError(f"Unknown optimizer '{optimizer}'.", "Use 'adamw' (foreach) or 'adamw_fused'.")
+    _check(model_spec, world_size, settings, (prompt_len_tokens, response_len_tokens, update_seqs, log_prob_seqs))
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
-    compute = torch_dtype(param_dtype, "param_dtype")
-    master = torch_dtype(master_dtype, "master_dtype")
+    from grpo_pilot.engine.actor import Actor
+
     started = time.perf_counter()
-    config = hf_config_from_spec(model_spec)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=master, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(
+            hf_config_from_spec(model_spec), dtype=torch.float32, attn_implementation="sdpa"
+        )
     num_params = sum(p.numel() for p in model.parameters())
     if num_params != model_spec.num_params:
         raise InputError(
@@ -234,69 +190,112 @@ def trace_update_step(
             f"The spec's flags (qkv_bias={model_spec.qkv_bias}, qk_norm={model_spec.qk_norm}) do not match "
             f"what the '{model_spec.model_type}' class builds.",
         )
-    if gradient_checkpointing:
-        # verl and TRL both pass use_reentrant=False.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-    with tracker_adjustments(), fake_process_group(world_size) as mesh, FakeTensorMode(allow_non_fake_inputs=True):
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
-        model.to_empty(device="cpu")
-        kind = {"fused": True} if optimizer == "adamw_fused" else {"foreach": True}
-        optim = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, **kind)
-        inputs, targets = _micro_batch(model_spec.vocab_size, micro_batch_seqs, seq_len_tokens, scored, packed)
-        tracker = FSDPMemTracker(model, optim)
-        tracker.track_inputs((inputs,))
-
-        def loss_of_step() -> Any:
-            # a function, so the logits are not referenced from here during backward
-            logits = model(**inputs, use_cache=False).logits
-            return grpo_token_loss(logits, targets, entropy=entropy)
-
-        with tracker:
-            for _step in range(2):
-                reset_peak(tracker)
-                for _ in range(micro_batches_per_step):
-                    tracker.reset_mod_stats()  # the tracker refuses a second forward of a module otherwise
-                    loss_of_step().backward()
-                fwd_bwd = snapshot_labels(tracker.get_tracker_snapshot("peak"))
-                reset_peak(tracker)
-                optim.step()
-                opt_step = snapshot_labels(tracker.get_tracker_snapshot("peak"))
-                optim.zero_grad(set_to_none=True)
-            after = snapshot_labels(tracker.get_tracker_snapshot("current"))
-        counters = sum(
-            -(-v.untyped_storage().nbytes() // CUDA_MIN_BLOCK_BYTES) * CUDA_MIN_BLOCK_BYTES
-            for state in optim.state.values()
-            for k, v in state.items()
-            if k == "step" and isinstance(v, torch.Tensor)
+    vocab, prompt, response = model_spec.vocab_size, prompt_len_tokens, response_len_tokens
+    with warnings.catch_warnings(), tracker_adjustments(), fake_process_group(world_size):
+        warnings.filterwarnings("ignore", message=_VIEW_WARNING)
+        actor = Actor(
+            model, device=torch.device("cpu"), settings=settings, world_size=world_size, rank=0, numerics=numerics
         )
-    fb_total, opt_total = sum(fwd_bwd.values()), sum(opt_step.values())
-    peak_at: Literal["forward_backward", "optimizer_step"] = (
-        "forward_backward" if fb_total >= opt_total else "optimizer_step"
-    )
-    return TracedMemory(
+        roots = tuple(r for r in (actor.scorer, actor.ref_scorer) if r is not None)
+        with host_sync_fake_mode():
+            for root in roots:
+                root.to_empty(device="cpu")  # FSDP2 swaps the shards in place: the optimizer keeps its params
+            tracker = FSDPMemTracker(actor.scorer, actor.optimizer)
+            hook = reset_module_stats_on_root_forward(tracker, roots)
+            try:
+                with tracker:
+                    if actor.ref_scorer is not None:
+                        instrument_extra_root(tracker, actor.ref_scorer)
+                    result = _run_step(
+                        actor, tracker, settings, loss, prompt, response, vocab, update_seqs, log_prob_seqs, old_pass
+                    )
+            finally:
+                hook.remove()
+            policy_shard = rounded_storage_bytes(actor.policy.parameters())
+            ref_shard = rounded_storage_bytes(actor.ref.parameters()) if actor.ref is not None else 0
+        actor.close()
+    return ActorTrace(
         model_name=model_spec.name,
         num_params=num_params,
         world_size=world_size,
-        micro_batch_seqs=micro_batch_seqs,
-        micro_batches_per_step=micro_batches_per_step,
-        seq_len_tokens=seq_len_tokens,
-        scored_positions_per_seq=scored,
-        packed=packed,
-        gradient_checkpointing=gradient_checkpointing,
-        param_dtype=param_dtype,
-        master_dtype=master_dtype,
-        optimizer=optimizer,
-        entropy=entropy,
-        peak_bytes=max(fb_total, opt_total),
-        peak_at=peak_at,
-        peak_labels=fwd_bwd if peak_at == "forward_backward" else opt_step,
-        forward_backward_labels=fwd_bwd,
-        optimizer_step_labels=opt_step,
-        optimizer_state_bytes=after.get("OptState", 0),
-        optimizer_step_counter_bytes=counters,
+        numerics=numerics,
+        prompt_len_tokens=prompt,
+        response_len_tokens=response,
+        update_seqs=update_seqs,
+        log_prob_seqs=log_prob_seqs if (old_pass or settings.with_ref) else 0,
+        gradient_checkpointing=settings.gradient_checkpointing,
+        fused_logprob=settings.fused_logprob,
+        entropy_grad=loss.entropy_coeff != 0.0,
+        with_ref=settings.with_ref,
+        policy_shard_bytes=policy_shard,
+        ref_shard_bytes=ref_shard,
         trace_s=time.perf_counter() - started,
+        **result,
     )
+
+
+def _run_step(
+    actor: Any,
+    tracker: Any,
+    settings: Any,
+    loss: Any,
+    prompt: int,
+    response: int,
+    vocab: int,
+    update_seqs: int,
+    log_prob_seqs: int,
+    old_pass: bool,
+) -> dict[str, Any]:
+    """Steps 1–3 of the module docstring inside the tracker; the peaks and what stays resident."""
+    import torch
+
+    optim = actor.optimizer
+    for p in actor.policy.parameters():  # step 1: the states AdamW creates at its first step
+        p.grad = torch.zeros_like(p)
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+    out: dict[str, Any] = {"old_log_prob": None, "ref_log_prob": None}
+    lp_samples = _samples(log_prob_seqs, prompt, response, vocab, offset=0)
+    if old_pass and log_prob_seqs:
+        out["old_log_prob"] = _pass(tracker, lambda: actor.log_probs(lp_samples))
+    if settings.with_ref and log_prob_seqs:
+        out["ref_log_prob"] = _pass(tracker, lambda: actor.log_probs(lp_samples, ref=True))
+    samples = _samples(update_seqs, prompt, response, vocab, offset=log_prob_seqs)
+    # what the step loop hands the update: one advantage per sample, fp32 [r] log-probs per sample (the
+    # old pass's with several mini-batches, the reference pass's with the KL loss); values do not matter
+    advantages = torch.ones(len(samples))
+    old = [torch.zeros(response) for _ in samples] if old_pass else None
+    ref = [torch.zeros(response) for _ in samples] if settings.with_ref else None
+    peaks: dict[str, dict[str, int]] = {}
+
+    def before_step(*_: Any) -> None:
+        peaks["forward_backward"] = snapshot_labels(tracker.get_tracker_snapshot("peak"))
+        reset_peak(tracker)
+
+    def after_step(*_: Any) -> None:
+        peaks["optimizer_step"] = snapshot_labels(tracker.get_tracker_snapshot("peak"))
+
+    handles = (optim.register_step_pre_hook(before_step), optim.register_step_post_hook(after_step))
+    metrics: dict[str, float] = {}
+    try:
+        reset_peak(tracker)
+        metrics = actor.update(samples, advantages, loss, old_logprobs=old, ref_logprobs=ref)
+    finally:
+        for handle in handles:
+            handle.remove()
+    after = snapshot_labels(tracker.get_tracker_snapshot("current"))
+    fb, opt = peaks["forward_backward"], peaks["optimizer_step"]
+    at: Literal["forward_backward", "optimizer_step"] = (
+        "forward_backward" if sum(fb.values()) >= sum(opt.values()) else "optimizer_step"
+    )
+    labels = fb if at == "forward_backward" else opt
+    out["update"] = UpdateTrace(
+        peak_bytes=sum(labels.values()),
+        labels=labels,
+        peak_at=at,
+        forward_backward_labels=fb,
+        optimizer_step_labels=opt,
+    )
+    out["update_micro_batches"] = int(metrics.get("num_micro_batches", 1))
+    out["optimizer_state_bytes"] = after.get("OptState", 0)
+    return out

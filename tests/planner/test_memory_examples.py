@@ -57,12 +57,13 @@ def test_logits_bytes_for_16k_tokens() -> None:
     # forward-only (log-prob pass): the logits (2 bytes bf16, 4 fp32) and one float32 chunk, no hidden gradient
     assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=False) == 2 * T * V + 4 * chunk
     assert logprob_logits_bytes(T, V, h, 4, "grpo-pilot", training=False, fused=False) == 4 * T * V + 4 * chunk
-    # fused, chunks of 1024 tokens: forward 12 bytes per chunk element; training backward c + 20 = 22,
-    # plus the fp32 weight-gradient accumulator 4·V·h, its bf16 cast 2·V·h and the hidden gradient
+    # fused, chunks of 1024 tokens: forward 12 bytes per chunk element; training backward c + 12 = 14,
+    # plus the fp32 weight-gradient accumulator 4·V·h and the hidden gradient; its bf16 cast 2·V·h comes after
+    # the chunk loop, when the chunk buffers (larger here) are freed
     assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=True) == 12 * 1024 * V
     assert (
         logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=True, entropy="metric")
-        == 22 * 1024 * V + 6 * V * h + 2 * T * h
+        == 14 * 1024 * V + 4 * V * h + 2 * T * h
     )
     # TRL's fused head: one [4096, 32768] bf16 tile + 7 fp32 statistics per token
     assert logprob_logits_bytes(T, V, h, 2, "trl", training=False, fused=False) == 2 * 4096 * 32768 + 28 * T
@@ -76,7 +77,9 @@ def test_update_logits_scored_positions_in_the_estimate(est) -> None:
     )
     # verl scores every packed position; its logits moment (10.1 GB) outweighs the last layer's backward
     assert verl.phases["update"].items["logits"] == 4 * 16_384 * V_QWEN25 + 2 * 16_384 * 3584
-    assert verl.phases["update"].items["gathered_layers"] == 0  # no decoder layer is gathered at the logits
+    # at the logits one decoder layer is gathered: FSDP2's backward prefetch of the last layer (traced with the
+    # engine's actor, verify/traced.py), c·P_layer = 2 × 233,057,792 bytes for Qwen2.5-7B
+    assert verl.phases["update"].items["gathered_layers"] == 2 * 233_057_792
     # our engine keeps logits for response positions only: ceil(16384 × 1024 / 1536) = 10,923 of them, at
     # 4 bytes per element (bf16 logits + their gradient) + one float32 chunk + the hidden gradient: 6.9 GB,
     # less than verl's 10.1 GB, and no longer the update's peak moment (a layer's backward is)

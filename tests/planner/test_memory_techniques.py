@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_pilot.planner.config import Workload
+from grpo_pilot.planner.config import Knobs, Workload
 
 TARGETS = ("grpo-pilot", "verl", "trl")
 P7 = 7_615_616_512
@@ -101,7 +101,19 @@ def test_ulysses_splits_tokens_and_adds_all_to_all_buffers(est) -> None:
     two = est("qwen2.5-7b", "8xA100-80G", target="verl", micro_batch_size_per_gpu=8, ulysses_sp=2)
     assert one.phases["update"].items["ulysses_all_to_all"] == 0
     assert two.phases["update"].items["ulysses_all_to_all"] > 0
-    assert two.phases["update"].items["activations"] * 2 == one.phases["update"].items["activations"]
+    # the tokens per rank halve, and with them the saved activations (the peak moment may change: with
+    # fewer tokens the last layer's backward, which frees the head side, can outweigh the logits)
+    from grpo_pilot.hardware import parse_cluster
+    from grpo_pilot.planner.estimate import memory_context
+    from grpo_pilot.profiles.catalog import resolve_model
+
+    spec, cluster = resolve_model("qwen2.5-7b").spec, parse_cluster("8xA100-80G")
+    ctx = [
+        memory_context(spec, cluster, Workload(), Knobs(micro_batch_size_per_gpu=8, ulysses_sp=sp), "verl")
+        for sp in (1, 2)
+    ]
+    assert ctx[1].t_upd * 2 == ctx[0].t_upd
+    assert two.phases["update"].items["activations"] < one.phases["update"].items["activations"]
     assert two.phases["update"].items["overhead_nccl"] == one.phases["update"].items["overhead_nccl"] * 2
 
 

@@ -80,12 +80,18 @@ def saved_activation_bytes(
     checkpointing: bool,
 ) -> int:
     """Activations kept for backward (the checkpointed layer inputs, or everything) + the boolean mask."""
-    # final hidden state + its normalised copy, and the float32 upcast RMSNorm saves for backward (HF
-    # Qwen2/Llama RMSNorm: `hidden_states.to(torch.float32)`; traced, planner/traced.py)
-    head_side = (2 * compute_bytes + 4) * hidden * tokens
+    head_side = head_side_activation_bytes(tokens, hidden, compute_bytes)
     if checkpointing:
         return num_layers * compute_bytes * hidden * tokens + head_side + bool_mask
     return num_layers * (per_layer_per_token * tokens + mask_per_layer) + head_side + bool_mask
+
+
+def head_side_activation_bytes(tokens: int, hidden: int, compute_bytes: int) -> int:
+    """The final hidden state, its normalised copy and the float32 upcast the final RMSNorm saves (HF
+    Qwen2/Llama RMSNorm: `hidden_states.to(torch.float32)`): saved for the LM head's backward and freed by
+    it, so part of the logits moment but not of the layers' backward (traced, verify/traced.py: the
+    activations before the last layer's backward are exactly the layer inputs)."""
+    return (2 * compute_bytes + 4) * hidden * tokens
 
 
 def recompute_activation_bytes(tokens: int, per_layer_per_token: int, mask_per_layer: int, checkpointing: bool) -> int:

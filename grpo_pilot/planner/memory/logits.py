@@ -18,8 +18,10 @@ grpo-pilot, unfused (engine/algos/logprobs.py `token_logprobs` / `entropy_from_l
   training (16 bytes per element for bf16; issue 8: 10.43 GiB peak for 4096 tokens × 152k vocab).
 grpo-pilot, fused (`chunked_token_logprobs`, chunks of FUSED_LOGPROB_CHUNK_TOKENS recomputed in
   backward; bare-function trace, T = 2048, chunk 512, V = 8192): per chunk element forward 12
-  (+4 with entropy); backward c + 20 (+4 with an entropy gradient); in training also the fp32 lm_head
-  weight-gradient accumulator (4·V·h), its cast back (c·V·h when c ≠ 4) and the hidden gradient (c·T·h).
+  (+4 with entropy); backward c + 12 (+4 with an entropy gradient; re-traced on the current kernel with
+  chunk 1024, V = 16384: 14 bytes per element for bf16); in training also the fp32 lm_head
+  weight-gradient accumulator (4·V·h) and the hidden gradient (c·T·h), then, after the chunk loop, the
+  accumulator's cast back (c·V·h when c ≠ 4) instead of the chunk buffers.
 verl, unfused (flash-attn triton cross_entropy, inplace_backward=True; verl/utils/torch_functional.py
   logprobs_from_logits): forward c (lse per token only); training 2c (logits held for backward and
   one logits-sized gradient buffer); entropy (entropy_from_logits: softmax, p·logits) forward + 2c,
@@ -114,6 +116,13 @@ def logprob_logits_bytes(
     forward = 3 * FP32 + (FP32 if entropy != "none" else 0)
     if not training:
         return chunk * vocab * forward
-    backward = c + 5 * FP32 + (FP32 if entropy == "grad" else 0)
-    weight_grad = FP32 * vocab * hidden + (c * vocab * hidden if c != FP32 else 0)
-    return chunk * vocab * max(forward, backward) + weight_grad + grad_hidden
+    # traced (MemTracker on chunked_token_logprobs; N = 4096, V = 16384, h = 256, chunk 1024, bf16): 14 bytes
+    # per chunk element in backward beside the accumulator and the hidden gradient (fp32 logits, their
+    # softmax gradient in place, its compute-dtype cast, one fp32 transient)
+    backward = c + 3 * FP32 + (FP32 if entropy == "grad" else 0)
+    # the fp32 weight-gradient accumulator and the hidden gradient live through the chunk loop; the cast
+    # back to the compute dtype runs after it (engine/algos/logprobs.py `_ChunkedLogProbs.backward`), so
+    # it never coexists with the chunk buffers (traced: Qwen2.5-3B, 12k tokens, tied head)
+    cast_back = c * vocab * hidden if c != FP32 else 0
+    in_backward = FP32 * vocab * hidden + grad_hidden + max(chunk * vocab * backward, cast_back)
+    return max(chunk * vocab * forward, in_backward)  # the forward's chunks come before any gradient

@@ -4,9 +4,11 @@ A phase's transients do not all coexist; summing them over-counts (the traced me
 lm_head/logits moment has no decoder layer gathered and no layer gradients). The update step's peak
 is the largest of four moments (traced with the FSDP2 memory tracker, verify/traced.py):
 
-  logits    end of forward / loss backward: root params gathered, saved activations, the logits
-            temporaries (and Ulysses buffers).
-  layer     backward of the last decoder layer: root params gathered, saved activations, the layer
+  logits    end of forward / loss backward: root params gathered, the last decoder layer's all-gather
+            (FSDP2 prefetches it when the root's backward starts: one layer, c·P_layer), saved
+            activations, the logits temporaries (and Ulysses buffers).
+  layer     backward of the last decoder layer: root params gathered, saved activations without the
+            head side (the final norm's saved tensors are freed by the LM head's backward), the layer
             being recomputed (checkpointing), two gathered layers (the unsharded one and the
             prefetch all-gather buffer), the gradients flowing through the layer (c·(3I + h)·T), the
             lm_head gradient held until the root's reduce-scatter (c·P_head, or c·P_embed when tied)
@@ -49,6 +51,8 @@ def update_peak_items(
     root_tied: bool,
     gathered_layers: int,
     saved_activations: int,
+    head_side_activations: int,
+    prefetched_layer: int,
     recompute_activations: int,
     logits: int,
     layer_backward_temporaries: int,
@@ -59,9 +63,13 @@ def update_peak_items(
     all_to_all: int,
     optimizer_step: int,
 ) -> dict[str, int]:
-    """Working-set items at the update's peak moment (see module docstring)."""
+    """Working-set items at the update's peak moment (see module docstring). `saved_activations` includes
+    `head_side_activations` (the final norm's saved tensors, part of it); `prefetched_layer` is one
+    gathered layer (the backward prefetch at the logits moment). Traced with verify/traced.py through
+    the engine's actor (Qwen2.5-1.5B/7B, 16k tokens): per-module backward peaks of FSDPMemTracker."""
     logits_moment = {
         "root_embed_lm_head": root_gathered,
+        "gathered_layers": prefetched_layer,
         "activations": saved_activations,
         "logits": logits,
         "ulysses_all_to_all": all_to_all,
@@ -69,7 +77,7 @@ def update_peak_items(
     layer_moment = {
         "root_embed_lm_head": root_gathered,
         "gathered_layers": gathered_layers,
-        "activations": saved_activations,
+        "activations": saved_activations - head_side_activations,
         "recompute_activations": recompute_activations,
         "layer_backward_temporaries": layer_backward_temporaries,
         "unsharded_grads": head_grad + layer_reduce_scatter,
