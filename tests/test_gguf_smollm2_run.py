@@ -39,11 +39,37 @@ def two_steps(tmp_path: Path, backend: str) -> list[dict]:
     subprocess.run([sys.executable, str(REPO / "examples/smollm2/make_data.py"), str(data), "16"], check=True)
     plan = tmp_path / "plan.json"
     shape = ["--prompts-per-step", "2", "--mini-batch", "2", "--n", "2", "--prompt-len", "96", "--response-len", "16"]
-    made = cli("plan_entry", "--model", "smollm2-135m-gguf", "--gpus", "1xcpu", *shape, "--no-kl", "--pin",
-               "rollout_backend=hf", "--out", str(plan), cwd=tmp_path)
+    made = cli(
+        "plan_entry",
+        "--model",
+        "smollm2-135m-gguf",
+        "--gpus",
+        "1xcpu",
+        *shape,
+        "--no-kl",
+        "--pin",
+        "rollout_backend=hf",
+        "--out",
+        str(plan),
+        cwd=tmp_path,
+    )
     assert made.returncode == 0, made.stderr
-    run = cli("run_entry", str(plan), "--config", str(REPO / "examples/smollm2/run.toml"), "--dataset", str(data),
-              "--steps", "2", "--backend", backend, "--out", str(tmp_path / "run"), "--quiet", cwd=tmp_path)
+    run = cli(
+        "run_entry",
+        str(plan),
+        "--config",
+        str(REPO / "examples/smollm2/run.toml"),
+        "--dataset",
+        str(data),
+        "--steps",
+        "2",
+        "--backend",
+        backend,
+        "--out",
+        str(tmp_path / "run"),
+        "--quiet",
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
 
