@@ -129,6 +129,12 @@ def _versus(ax: Any, series: dict[str, tuple[str, list[tuple[float, float]]]], t
     _diagonal(ax, values)
     ax.set(xscale="log", yscale="log", xlabel=f"predicted ({unit})", ylabel=f"measured ({unit})")
     ax.minorticks_off()  # minor labels (2x10^0, 3x10^0, ...) collide on short log ranges
+    if max(values) < 100 * min(values):  # under two decades: ticks at 1-2-5, else an axis may show none
+        from matplotlib.ticker import FuncFormatter, LogLocator
+
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.legend(fontsize=8)
 
 
