@@ -229,8 +229,8 @@ class Worker:
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise OutOfMemoryRunError(
                     f"Out of memory on {self.spec.label} in the {phase} phase of step {self.step} ({first}).",
-                    "The plan underestimated this phase: re-plan with less headroom for it (smaller token budgets, "
-                    "offload, gradient checkpointing) and compare profile.json of a shorter run.",
+                    "The plan underestimated this phase: re-plan with a larger --headroom-gib, or pin smaller token "
+                    "budgets, offload or gradient checkpointing, and compare profile.json of a shorter run.",
                     **where,
                 ) from None
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
