@@ -412,6 +412,7 @@ def log_prob_memory(ctx: MemoryContext) -> dict[str, int]:
                 t, m.hidden_size, m.intermediate_size, c, attention_mask_bytes(t, row, c), boolean_mask_bytes(t, row)
             ),
             head_side=2 * c * m.hidden_size * t,
+            embedding_output=c * m.hidden_size * t,
             logits=logprob_logits_bytes(
                 scored_tokens(t, ctx.share, ctx.traits.scores_all_positions),
                 m.vocab_size,

@@ -6,12 +6,14 @@ from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.estimate import estimate_memory, rollout_kv_budget_bytes
 from grpo_pilot.planner.memory.activations import (
     attention_mask_bytes,
+    forward_activation_bytes,
     layer_activation_bytes_per_token,
     recompute_activation_bytes,
     saved_activation_bytes,
 )
 from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
 from grpo_pilot.planner.memory.logits import logprob_logits_bytes
+from grpo_pilot.planner.memory.moments import log_prob_peak_items
 from grpo_pilot.planner.memory.vllm_budget import capture_sizes
 
 GiB = 1 << 30
@@ -207,3 +209,59 @@ def test_short_sequences_peak_at_the_root_reduce_scatter(est) -> None:
     assert upd["activations"] == upd["logits"] == upd["gathered_layers"] == 0
     states = upd["actor_params"] + upd["actor_grads"] + upd["optimizer_states"]
     assert round((states + upd["unsharded_grads"] + upd["root_reduce_scatter"]) / MiB) == 20_763
+
+
+def test_forward_only_layer_peak_matches_the_traced_qwen25_7b_pass() -> None:
+    # grpo-plan --model qwen2.5-7b --gpus 8xH100-80G --verify, old-policy pass: 32 rows × 1535 fed tokens,
+    # no grad. The tracker's Activation peak (inside layers 1..27's SwiGLU) was 7,068,135,936 bytes: the
+    # SwiGLU's act, up and product (3·2·I) and four hidden-sized bf16 tensors (embedding output, layer input,
+    # post-attention residual, MLP input: 4·2·h) per token, beside a 32·1535² boolean mask (75,399,680
+    # bytes after 512-byte rounding) and three int64 id tensors (393,216 each) plus 12,288 bytes
+    T, h, inter = 32 * 1535, 3584, 18944
+    layer = forward_activation_bytes(T, h, inter, 2, 0, 0)
+    assert layer == 2 * (3 * inter + 4 * h) * T == 6_991_544_320
+    assert layer + 75_399_680 + 3 * 393_216 + 12_288 == 7_068_135_936
+    # the single-residual formula this replaced, 2·(3I + h)·T, was 1.06 GiB short of the trace
+    assert 7_068_135_936 - 2 * (3 * inter + h) * T == 1_132_868_096
+
+
+def test_short_log_prob_pass_peaks_at_the_first_layer_unshard(est) -> None:
+    # Qwen2.5-7B on 8 ranks, log-prob budget 3072 tokens (2 rows of 512 + 1024), fused head: the traced
+    # peak sat in layers.0's pre-forward (FSDP2 keeps the root's all-gather output until the next group's
+    # wait_for_unshard): the root unsharded and its all-gather output (2 × 2,179,989,504 bytes of embed +
+    # lm_head), layer 0's all-gather output and its unsharded copy (2 × 466,115,584) and the embedding
+    # output 2·h·T
+    w = Workload(prompts_per_step=256, mini_batch_prompts=64, n=8, prompt_len_tokens=512, response_len_tokens=1024)
+    lp = (
+        est(
+            "qwen2.5-7b",
+            "8xH100-80G",
+            workload=w,
+            log_prob_max_token_len_per_gpu=3072,
+            fused_logprob=True,
+            ref_param_offload=False,
+        )
+        .phases["log_prob"]
+        .items
+    )
+    assert lp["root_embed_lm_head"] == 2 * 2_179_989_504
+    assert lp["gathered_layers"] == 2 * 466_115_584
+    assert lp["activations"] == 2 * 3584 * 3072 and lp["logits"] == 0
+
+
+def test_log_prob_moments_pick_the_largest() -> None:
+    kw = {"root_gathered": 100, "gathered_layers": 20, "head_side": 5, "all_to_all": 0, "embedding_output": 3}
+    # a long pass: the layer moment (root + layers + the layer's forward activations)
+    assert log_prob_peak_items(layer_forward=500, logits=50, **kw)["activations"] == 500
+    # a big logits buffer: the logits moment (no decoder layer gathered)
+    at_logits = log_prob_peak_items(layer_forward=10, logits=400, **kw)
+    assert at_logits["logits"] == 400 and at_logits["gathered_layers"] == 0
+    # few tokens: the first layer's unshard, where the root is held twice
+    at_unshard = log_prob_peak_items(layer_forward=10, logits=10, **kw)
+    assert at_unshard == {
+        "root_embed_lm_head": 200,
+        "gathered_layers": 20,
+        "activations": 3,
+        "logits": 0,
+        "ulysses_all_to_all": 0,
+    }

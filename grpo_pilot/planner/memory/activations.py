@@ -105,10 +105,25 @@ def layer_backward_temporary_bytes(tokens: int, hidden: int, intermediate: int, 
     return compute_bytes * (3 * intermediate + hidden) * tokens
 
 
+# Hidden-state-sized tensors live at a forward-only pass's peak (inside a decoder layer's SwiGLU, layers 1..L-1).
+# Traced through the engine's actor (verify/traced.py, Qwen2.5-7B shape, 32 rows × 1535 tokens, no grad): the
+# live activation storages at a down_proj's input were these four c·h·T tensors, the SwiGLU product, three
+# int64 id tensors and a B·S² boolean mask, and the pass's Activation peak was c·(3I + 4h)·T to the byte
+# beside the ids and the mask. The mask (1 % of it there) is not counted: our engine passes no attention
+# mask and transformers' SDPA path then relies on `is_causal` (masking_utils `_ignore_causal_mask_sdpa`);
+# why the fake-tensor trace still holds a [B, S, S] boolean is not established. What the peak holds:
+#   the embedding output (HF's decoder loop keeps `inputs_embeds` referenced until it returns),
+#   the layer's input (held by the caller while the layer runs; the same tensor as the above in layer 0,
+#     whose peak is c·h·T lower),
+#   the post-attention residual sum, and the post-attention RMSNorm output (the MLP's input).
+FORWARD_HIDDEN_COPIES = 4
+
+
 def forward_activation_bytes(
     tokens: int, hidden: int, intermediate: int, compute_bytes: int, mask_per_layer: int, bool_mask: int
 ) -> int:
     """Peak of a forward-only (no-grad) pass inside a layer: the SwiGLU's act, up and product
-    (3·c·I per token) and the residual (c·h), plus the masks. Traced (MemTracker, FakeTensorMode,
-    Qwen2.5-1.5B shape, one 8192-token row): 584 MiB measured vs 636 MiB from this formula (+9%)."""
-    return compute_bytes * (3 * intermediate + hidden) * tokens + mask_per_layer + bool_mask
+    (3·c·I per token), the FORWARD_HIDDEN_COPIES hidden-sized tensors held beside them (c·h each), plus
+    the masks. The earlier c·(3I + h) (one residual) was 5% under the traced log-prob phase for 7B–32B."""
+    per_token = 3 * intermediate + FORWARD_HIDDEN_COPIES * hidden
+    return compute_bytes * per_token * tokens + mask_per_layer + bool_mask

@@ -93,9 +93,25 @@ def update_peak_items(
 
 
 def log_prob_peak_items(
-    *, root_gathered: int, gathered_layers: int, layer_forward: int, head_side: int, logits: int, all_to_all: int
+    *,
+    root_gathered: int,
+    gathered_layers: int,
+    layer_forward: int,
+    head_side: int,
+    logits: int,
+    all_to_all: int,
+    embedding_output: int,
 ) -> dict[str, int]:
-    """Working-set items at a forward-only pass's peak: inside a layer, or at the logits."""
+    """Working-set items at a forward-only pass's peak: inside a layer, at the logits, or at the first
+    layer's unshard.
+
+    The first layer's unshard (traced through the engine's actor, verify/traced.py, Qwen2.5-7B on 8 ranks,
+    2 rows × 1535 tokens: the tracker's peak sat in `layers.0`'s pre-forward): FSDP2's implicit forward
+    prefetch keeps the previous group's all-gather result until the next group's `wait_for_unshard`, so
+    while layer 0 is all-gathered and copied out the root is held twice (its unsharded params and its
+    all-gather output, 2·root_gathered), layer 0 twice (all-gather output and unsharded copy, the
+    `gathered_layers` pair) and the embedding output. It is the peak when few tokens pass (short rows,
+    small log-prob micro-batches) and the root is large (big vocabularies)."""
     layer_moment = {
         "root_embed_lm_head": root_gathered,
         "gathered_layers": gathered_layers,
@@ -103,4 +119,9 @@ def log_prob_peak_items(
         "ulysses_all_to_all": all_to_all,
     }
     logits_moment = {"root_embed_lm_head": root_gathered, "activations": head_side, "logits": logits}
-    return _largest([layer_moment, logits_moment], LOG_PROB_ITEMS)
+    unshard_moment = {
+        "root_embed_lm_head": 2 * root_gathered,
+        "gathered_layers": gathered_layers,
+        "activations": embedding_output,
+    }
+    return _largest([layer_moment, logits_moment, unshard_moment], LOG_PROB_ITEMS)
