@@ -27,8 +27,8 @@ def require_engine() -> None:
         raise InputError(
             f"--verify traces the plan with the engine's own code, which needs {' and '.join(missing)} "
             "(not installed).",
-            "Install the engine extra: pip install 'grpo-pilot[engine]' (install torch first, the CPU wheel is "
-            "enough), or plan without --verify.",
+            "Install torch first (pip install torch==2.13.0: the CPU wheel is enough), then the engine extra "
+            "(pip install -c constraints.txt 'grpo-pilot[engine]'), or plan without --verify.",
         )
 
 

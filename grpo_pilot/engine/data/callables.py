@@ -14,6 +14,7 @@ the run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -231,10 +232,8 @@ def _stop_worker(proc: subprocess.Popen[bytes]) -> None:
                 stream.close()
         except OSError:
             continue
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # the worker and whatever the user's code started
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
 
 
