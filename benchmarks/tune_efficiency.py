@@ -43,7 +43,8 @@ from grpo_pilot.atomic import atomic_write_text
 from grpo_pilot.planner.evaluate import evaluate
 from grpo_pilot.planner.plan import load_plan, save_plan
 from grpo_pilot.tuner.display import knobs_text
-from grpo_pilot.tuner.prior import memory_limit, plan_inputs
+from grpo_pilot.planner.recheck import plan_inputs
+from grpo_pilot.tuner.prior import memory_limit
 from grpo_pilot.tuner.runner import Failure, SubprocessRunner, TrialOutcome, TrialRequest
 from grpo_pilot.tuner.space import TuneSpace, build_space, grid, knobs_at, params_of, point_key
 from grpo_pilot.tuner.study import make_sampler, open_study

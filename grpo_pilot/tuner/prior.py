@@ -26,7 +26,6 @@ from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.evaluate import PlanInputs, evaluate
 from grpo_pilot.planner.plan import Plan
-from grpo_pilot.planner.recheck import plan_inputs as plan_inputs  # its home: grpo-run re-checks plans
 from grpo_pilot.planner.reports import OVERHEAD_PREFIX
 from grpo_pilot.tuner.space import TuneSpace, grid, knobs_at, params_of, point_key
 

@@ -26,7 +26,7 @@ from grpo_pilot.planner.calibration import Calibration, save_calibration
 from grpo_pilot.planner.evaluate import evaluate
 from grpo_pilot.planner.plan import Plan, save_plan
 from grpo_pilot.tuner.calibrate import fit_calibration
-from grpo_pilot.tuner.prior import plan_inputs
+from grpo_pilot.planner.recheck import plan_inputs
 from grpo_pilot.tuner.records import TrialRecord, trials_frame
 
 MIB = float(1 << 20)

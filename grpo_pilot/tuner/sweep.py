@@ -29,13 +29,13 @@ from grpo_pilot.errors import RunError
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.evaluate import PlanInputs, evaluate
 from grpo_pilot.planner.plan import Plan, save_plan
+from grpo_pilot.planner.recheck import plan_inputs
 from grpo_pilot.tuner import study as st
 from grpo_pilot.tuner.prior import (
     Candidate,
     MemoryLimit,
     memory_limit,
     memory_ratio,
-    plan_inputs,
     prune_reason,
     rank,
     seed_points,

@@ -14,7 +14,7 @@ from grpo_pilot.cli_tune import app
 from grpo_pilot.planner.calibration import load_calibration
 from grpo_pilot.planner.evaluate import evaluate
 from grpo_pilot.planner.plan import load_plan
-from grpo_pilot.tuner.prior import plan_inputs
+from grpo_pilot.planner.recheck import plan_inputs
 from grpo_pilot.tuner.runner import read_lengths
 from grpo_pilot.tuner.study import default_storage, open_study
 

@@ -6,6 +6,7 @@ import pytest
 from tune_helpers import gpu_plan, tiny_plan
 
 from grpo_pilot.planner.make_plan import make_plan
+from grpo_pilot.planner.recheck import plan_inputs
 from grpo_pilot.tuner.prior import (
     MAX_RANKED,
     PRUNE_FACTOR,
@@ -13,7 +14,6 @@ from grpo_pilot.tuner.prior import (
     memory_limit,
     memory_ratio,
     peak_tensor_bytes,
-    plan_inputs,
     prediction_signature,
     prune_reason,
     rank,
