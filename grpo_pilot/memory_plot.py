@@ -20,7 +20,8 @@ from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.plan import Plan
 
-PHASES = ("rollout", "log_prob", "update", "weight_sync")
+from grpo_pilot.planner.rules import PLAN_PHASES
+
 GIB = float(1 << 30)
 MIB = float(1 << 20)
 
@@ -40,7 +41,7 @@ class MemoryBars(Frozen):
 
 def memory_bars(plan: Plan) -> MemoryBars:
     """The plot's data from the plan (pure)."""
-    phases = tuple(p for p in PHASES if p in plan.phases)
+    phases = tuple(p for p in PLAN_PHASES if p in plan.phases)
     names: list[str] = []
     for phase in phases:
         names += [n for n in plan.phases[phase].items if n not in names]  # type: ignore[index]

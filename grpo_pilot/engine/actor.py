@@ -67,7 +67,7 @@ from grpo_pilot.engine.micro_batches import equalise_bins, plan_micro_batches
 from grpo_pilot.engine.settings import ActorSettings
 from grpo_pilot.engine.shared_prefix import prefix_batch, shared_prefix_hidden, shared_prefix_unsupported
 from grpo_pilot.models import Frozen
-from grpo_pilot.planner.memory.logits import FUSED_LOGPROB_CHUNK_TOKENS
+from grpo_pilot.kernels import FUSED_LOGPROB_CHUNK_TOKENS
 
 SUMMED_METRICS = ("loss", "pg_loss", "kl_loss", "entropy_loss")
 

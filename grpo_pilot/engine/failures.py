@@ -8,7 +8,7 @@ failure.json (written atomically on every run failure, removed when a run starts
     {"kind": "oom" | "worker_died" | "crash", "worker": str | null, "phase": str | null,
      "step": int | null, "message": str}
 `worker` names the worker as the run's output does ("worker 1 (trainer+rollout)"), `phase` is one of
-engine/profiling.RUN_PHASES (or "checkpoint"/"start") and `step` the GRPO step under way.
+planner/rules.RUN_PHASES (or "checkpoint"/"start") and `step` the GRPO step under way.
 
 The errors survive pickling (Ray hands a worker's exception to the driver as its cause).
 """

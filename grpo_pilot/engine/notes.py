@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_pilot.planner.config import old_logprob_pass_needed
-
 
 def run_notes(
     plan: Any,
@@ -39,7 +37,7 @@ def run_notes(
             f"offload: the plan sets only {only}; FSDP2's CPUOffloadPolicy keeps parameters, gradients and optimizer "
             "states on the host together, so the run offloads all three",
         )
-    if old_logprob_pass_needed(plan.workload, plan.target) != engine_old_pass:
+    if plan.run.old_logprob_pass != engine_old_pass:
         notes += (
             f"log_prob: this run {'runs' if engine_old_pass else 'skips'} the old-policy pass; the plan (target "
             f"{plan.target}, its workload) {'skips' if engine_old_pass else 'counts'} it",

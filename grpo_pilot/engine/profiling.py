@@ -38,9 +38,8 @@ from typing import Any, Iterator
 
 from pydantic import Field
 
+from grpo_pilot.planner.rules import RUN_PHASES
 from grpo_pilot.models import Frozen
-
-RUN_PHASES: tuple[str, ...] = ("weight_sync", "rollout", "reward", "log_prob", "update")
 
 
 class PhaseSample(Frozen):

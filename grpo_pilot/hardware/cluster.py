@@ -13,6 +13,7 @@ import re
 from pydantic import Field
 
 from grpo_pilot.errors import InputError
+from grpo_pilot.hardware.device_traits import DeviceTraits, device_traits
 from grpo_pilot.hardware.gpus import CATALOG, GiB, GPUSpec, lookup_gpu
 from grpo_pilot.models import Frozen
 
@@ -37,6 +38,19 @@ class Cluster(Frozen):
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def device(self) -> DeviceTraits:
+        """What this cluster's device kind does differently (GPU or the cpu pseudo-device)."""
+        return device_traits(self.gpu)
+
+    @property
+    def device_memory_bytes(self) -> int:
+        """Memory one device offers: the GPU's, or on the cpu pseudo-device the host RAM shared by its worker
+        processes (`Nxcpu`: each worker gets RAM / N; `1xcpu`: the whole RAM)."""
+        if self.device.offload_meaningful:
+            return self.gpu.memory_bytes
+        return self.host_ram_bytes_per_node // max(1, self.gpus_per_node)
 
     def label(self) -> str:
         nodes = f"{self.num_nodes}x" if self.num_nodes > 1 else ""

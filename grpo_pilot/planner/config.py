@@ -13,15 +13,14 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from grpo_pilot.models import Frozen
-from grpo_pilot.planner.traits import traits_for
+from grpo_pilot.planner.rules import num_mini_batches, old_logprob_pass_runs
+from grpo_pilot.planner.traits import TARGET_NAMES, ExecutorTraits
 
-Target = Literal["grpo-pilot", "verl", "trl"]
+Target = Literal[TARGET_NAMES]  # type: ignore[valid-type]  # the executors of the traits table
 Placement = Literal["colocated", "split"]
 RolloutBackendName = Literal["vllm", "hf"]
 VllmEngine = Literal["v1", "v0"]
 VllmMemory = Literal["instance", "device"]
-PhaseName = Literal["rollout", "log_prob", "update", "weight_sync"]
-PHASES: tuple[PhaseName, ...] = ("rollout", "log_prob", "update", "weight_sync")
 
 
 class Workload(Frozen):
@@ -222,14 +221,10 @@ class Knobs(Frozen):
 KNOB_KEYS: tuple[str, ...] = tuple(Knobs.model_fields)
 
 
-def old_logprob_pass_needed(workload: Workload, target: Target) -> bool:
-    """Whether the executor runs an old-policy log-prob pass before the update.
-
-    verl always recomputes old log-probs (`compute_log_prob` in its PPO loop). TRL
-    (`GRPOTrainer._generate_and_score_completions`) and our engine (`engine/loop.py`) skip it when the
-    step is one on-policy update — one mini-batch, one epoch — where the ratio is 1 by construction
-    (`ExecutorTraits.always_old_logprob`).
-    """
-    if traits_for(target).always_old_logprob:
-        return True
-    return workload.ppo_epochs > 1 or workload.prompts_per_step > workload.mini_batch_prompts
+def old_logprob_pass_needed(workload: Workload, executor: ExecutorTraits) -> bool:
+    """Whether `executor` runs an old-policy log-prob pass before the update (`rules.old_logprob_pass_runs`)."""
+    return old_logprob_pass_runs(
+        num_mini_batches=num_mini_batches(workload.prompts_per_step, workload.mini_batch_prompts),
+        ppo_epochs=workload.ppo_epochs,
+        always=executor.always_old_logprob,
+    )

@@ -28,9 +28,11 @@ from __future__ import annotations
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.hardware.gpus import GiB
 from grpo_pilot.models import Frozen
-from grpo_pilot.planner.config import PHASES, Knobs, Target, Workload
+from grpo_pilot.planner.config import Knobs, Target, Workload
 from grpo_pilot.planner.reports import MemoryReport
-from grpo_pilot.planner.timing import budget_scaled_by_sp, pools
+from grpo_pilot.planner.roofline import pools
+from grpo_pilot.planner.rules import PLAN_PHASES, heads_divisible
+from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
 
 BROKEN = 1.0  # excess of a broken divisibility rule
@@ -61,17 +63,13 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def _divides_heads(heads: int, kv: int, k: int) -> bool:
-    return heads % k == 0 and (kv % k == 0 or k % kv == 0)
-
-
 def structural_checks(
     spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, target: Target = "grpo-pilot"
 ) -> tuple[Check, ...]:
     """The divisibility and size rules that need no memory estimate (cheap: used to prune trials)."""
     rollout_gpus, train_gpus = pools(cluster, knobs)
     tp, sp, seq = knobs.rollout_tp, knobs.ulysses_sp, workload.seq_len_tokens
-    scale = sp if budget_scaled_by_sp(target) else 1  # verl multiplies budgets by SP; ours and TRL do not
+    scale = sp if traits_for(target).budget_scaled_by_sp else 1  # verl multiplies budgets by SP; ours and TRL do not
     times_sp = f" × ulysses_sp={sp}" if scale > 1 else ""
     responses = workload.responses_per_step
     dp = train_gpus // sp if sp <= train_gpus else 0
@@ -110,12 +108,12 @@ def structural_checks(
         ),
         _rule(
             "rollout.heads_divisible_by_tp",
-            not vllm or _divides_heads(heads, kv, tp),
+            not vllm or heads_divisible(heads, kv, tp),
             f"rollout_tp={tp} does not divide the model's {heads} attention heads / {kv} kv heads (vLLM).",
         ),
         _rule(
             "ulysses.heads_divisible_by_sp",
-            _divides_heads(heads, kv, sp),
+            heads_divisible(heads, kv, sp),
             f"ulysses_sp={sp} does not divide the model's {heads} attention heads / {kv} kv heads (verl Ulysses).",
         ),
         _rule(
@@ -172,7 +170,7 @@ def memory_checks(
     failed KV rule say how far the vLLM budget falls short and which utilisation would start the engine.
     """
     checks = []
-    for phase in PHASES:
+    for phase in PLAN_PHASES:
         pm = memory.phases[phase]
         excess = (pm.total_bytes - usable_gpu_bytes) / usable_gpu_bytes
         item = pm.largest_item()

@@ -22,13 +22,15 @@ from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs, Target, Workload
 from grpo_pilot.planner.constraints import Check, binding_constraint, memory_checks, structural_checks, violations
-from grpo_pilot.planner.estimate import device_memory_bytes, estimate_memory, rollout_kv_budget_bytes
+from grpo_pilot.planner.estimate import estimate_memory, rollout_kv_budget_bytes
+from grpo_pilot.planner.execution import execution_of
 from grpo_pilot.planner.lengths import MEMORY_QUANTILE
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.plan import ModelRef, Plan, Provenance
 from grpo_pilot.planner.reports import MemoryReport, TimeReport
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, TimeCoefficients
 from grpo_pilot.planner.timing import estimate_time
+from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.catalog import ResolvedModel
 
 DEFAULT_HEADROOM_FRACTION = 0.05
@@ -86,7 +88,7 @@ class PlanInputs(Frozen):
     @property
     def device_bytes(self) -> int:
         """Memory of one device (on the cpu pseudo-device: one worker's share of the host RAM)."""
-        return device_memory_bytes(self.cluster)
+        return self.cluster.device_memory_bytes
 
     @property
     def reserved_bytes(self) -> int:
@@ -195,6 +197,14 @@ def to_plan(
         worst_case_peak_gpu_bytes=worst.peak_gpu_bytes,
         worst_case_phase=worst.peak_phase,
         worst_case_phases={phase: pm.total_bytes for phase, pm in worst.phases.items()},
+        execution=execution_of(
+            inputs.model.spec,
+            inputs.cluster,
+            inputs.workload,
+            a.knobs,
+            executor=traits_for(inputs.target),
+            overheads=inputs.overheads,
+        ),
     )
 
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.plan import Plan
-from grpo_pilot.planner.timing import budget_scaled_by_sp, pools
+from grpo_pilot.planner.roofline import pools
+from grpo_pilot.planner.traits import traits_for
 
 # KL settings of verl's GRPO example scripts (examples/grpo_trainer/run_qwen2-7b.sh: kl_loss_coef
 # 0.001, kl_loss_type low_var_kl); the workload only says whether the KL loss is on.
@@ -40,7 +41,7 @@ def micro_batch_seqs(plan: Plan) -> int:
     """Sequences per update micro-batch: the fixed micro-batch, or what the token budget holds."""
     k, seq = plan.knobs, plan.workload.seq_len_tokens
     if k.dynamic_batching:
-        scale = k.ulysses_sp if budget_scaled_by_sp(plan.target) else 1
+        scale = k.ulysses_sp if traits_for(plan.target).budget_scaled_by_sp else 1
         return max(1, (k.max_token_len_per_gpu or seq) * scale // seq)
     return k.micro_batch_size_per_gpu or 1
 
@@ -201,7 +202,7 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
         "entropy_coef": w.entropy_coeff,
         "use_vllm": k.rollout_backend == "vllm",
         "gradient_checkpointing": k.gradient_checkpointing,
-        "bf16": not plan.cluster.gpu.is_cpu,
+        "bf16": plan.cluster.device.mixed_precision,
     }
     if k.rollout_backend == "vllm":
         settings["vllm_mode"] = "colocate" if colocate else "server"

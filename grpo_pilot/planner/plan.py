@@ -6,14 +6,15 @@ usable_gpu_bytes, predicted_step_s, phases`; `phases` maps rollout, log_prob, up
 Added without a version bump (older plans load; their new fields are None): `headroom_bytes`,
 `margin_bytes`, `memory_quantile`, `worst_case_peak_gpu_bytes`, `worst_case_phase`,
 `worst_case_phases` — the expected peak (at the memory quantile of the lengths) and the worst case
-(every sequence at its maximum) with the margin left.
+(every sequence at its maximum) with the margin left; `execution` — what the engine needs to run the
+plan (`execution.py`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from grpo_pilot import __version__
 from grpo_pilot.atomic import atomic_write_text
@@ -22,8 +23,12 @@ from grpo_pilot.inputs import read_json_file, validation_problem
 from grpo_pilot.outputs import check_output_file
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.models import Frozen
-from grpo_pilot.planner.config import Knobs, PhaseName, Target, Workload
+from grpo_pilot.planner.config import Knobs, Target, Workload
+from grpo_pilot.planner.execution import Execution, execution_of
+from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS
 from grpo_pilot.planner.reports import PhaseMemory
+from grpo_pilot.planner.rules import PhaseName
+from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
 
 SCHEMA_VERSION = 1
@@ -106,6 +111,31 @@ class Plan(Frozen):
     worst_case_phases: dict[PhaseName, int] | None = Field(
         default=None, description="Phase totals in the worst case, bytes."
     )
+    execution: Execution | None = Field(
+        default=None,
+        description="What the engine needs to run the plan (layout, rollout KV bytes per token, weight-sync "
+        "bucket, old-policy pass); plans written before it was recorded get it from their inputs on load.",
+    )
+
+    @model_validator(mode="after")
+    def _execution(self) -> "Plan":
+        if self.execution is None:  # an older plan file: derive it (analytic constants)
+            facts = execution_of(
+                self.model.spec,
+                self.cluster,
+                self.workload,
+                self.knobs,
+                executor=traits_for(self.target),
+                overheads=DEFAULT_OVERHEADS,
+            )
+            object.__setattr__(self, "execution", facts)
+        return self
+
+    @property
+    def run(self) -> Execution:
+        """The engine's numbers (always present after validation)."""
+        assert self.execution is not None
+        return self.execution
 
     @property
     def worst_case_fits(self) -> bool | None:

@@ -18,7 +18,6 @@ from pydantic import Field
 
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.constraints import violations
-from grpo_pilot.planner.estimate import device_memory_bytes
 from grpo_pilot.planner.evaluate import PlanInputs, assess
 from grpo_pilot.planner.plan import Plan
 
@@ -34,7 +33,7 @@ def plan_inputs(plan: Plan) -> PlanInputs:
     # RAM / N, not the catalog's memory_bytes.
     kept = plan.headroom_bytes
     if kept is None:
-        kept = device_memory_bytes(plan.cluster) - plan.usable_gpu_bytes
+        kept = plan.cluster.device_memory_bytes - plan.usable_gpu_bytes
     return PlanInputs(
         model=plan.model,
         cluster=plan.cluster,

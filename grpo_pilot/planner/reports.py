@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from grpo_pilot.models import Frozen
-from grpo_pilot.planner.config import PhaseName
+from grpo_pilot.planner.rules import PhaseName
 
 OVERHEAD_PREFIX = "overhead_"
 

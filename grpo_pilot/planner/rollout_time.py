@@ -33,7 +33,7 @@ from typing import NamedTuple
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.lengths import lengths_of
-from grpo_pilot.planner.memory.precision import precision_for
+from grpo_pilot.planner.memory.precision import rollout_element_bytes
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.roofline import (
     TokenCost,
@@ -97,7 +97,7 @@ def rollout_breakdown(
     tp = 1 if hf else knobs.rollout_tp
     replicas = max(1, rollout_gpus // tp)
     seqs = math.ceil(workload.responses_per_step / replicas)
-    rollout_bytes = precision_for("grpo-pilot", gpu.is_cpu).rollout_bytes
+    rollout_bytes = rollout_element_bytes(cluster.device)
     total_params, active_params = param_counts(spec)
     weight_bytes = rollout_bytes * total_params / tp
     eager_s = coef.eager_launch_s_per_layer * spec.num_layers if (hf or knobs.enforce_eager) else 0.0

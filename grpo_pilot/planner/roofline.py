@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from grpo_pilot.hardware.cluster import Cluster
+from grpo_pilot.hardware.device_traits import device_traits
 from grpo_pilot.hardware.gpus import GPUSpec
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.memory.activations import layer_activation_bytes_per_token
@@ -32,6 +33,7 @@ from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
 from grpo_pilot.planner.memory.layout import layout_for
 from grpo_pilot.planner.memory.logits import logprob_logits_bytes
 from grpo_pilot.planner.time_coefficients import TimeCoefficients
+from grpo_pilot.planner.traits import ExecutorTraits
 from grpo_pilot.profiles.spec import ModelSpec
 from grpo_pilot.units import BF16_BYTES, GB
 
@@ -111,11 +113,11 @@ def layer_traffic_bytes(spec: ModelSpec, compute_bytes: int) -> int:
     return FORWARD_TRAFFIC_PER_SAVED_BYTE * spec.num_layers * saved
 
 
-def logits_traffic_bytes(vocab: int, compute_bytes: int, target: str, *, training: bool) -> int:
+def logits_traffic_bytes(vocab: int, compute_bytes: int, executor: ExecutorTraits, *, training: bool) -> int:
     """Bytes moved per token by the log-prob computation: each byte it holds per logits element
     (unfused path of `memory.logits`; TRL's tiles move what our unfused path does) written and read."""
-    kind = "verl" if target == "verl" else "grpo-pilot"
-    per_element = logprob_logits_bytes(1, 1, 0, compute_bytes, kind, training=training, fused=False)
+    kernel = "verl" if executor.logits_kernel == "verl" else "ours"
+    per_element = logprob_logits_bytes(1, 1, 0, compute_bytes, kernel=kernel, training=training, fused=False)
     return 2 * per_element * vocab
 
 
@@ -149,7 +151,7 @@ def training_cost(
 
 def host_link_bytes_per_s(gpu: GPUSpec, coef: TimeCoefficients) -> float:
     """Effective host↔device bandwidth (the CPU pseudo-device copies at its memory bandwidth)."""
-    if gpu.is_cpu:
+    if not device_traits(gpu).offload_meaningful:
         return gpu.hbm_bytes_per_s
     return (_PCIE5 if gpu.name in PCIE5_GPUS else _PCIE4) * coef.host_link_efficiency
 

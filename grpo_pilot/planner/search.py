@@ -32,27 +32,19 @@ from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs
 from grpo_pilot.planner.constraints import constraint_values, violations
 from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, cheap_checks
-from grpo_pilot.planner.timing import pools
+from grpo_pilot.planner.knob_space import (
+    ANALYTIC_GRID,
+    BOOL_KNOBS,
+    UPDATE_BATCH,
+    knob_choices,
+    knobs_at_point,
+    update_batch_value,
+)
 from grpo_pilot.planner.traits import traits_for
 
 DEFAULT_TRIALS = 60  # sampler trials before the refinement; with it, `grpo-plan` stays well under 2 s wall
 REFINE_STARTS = 1  # local searches from the best distinct feasible trials
 REFINE_MAX_EVALUATIONS = 2500  # cap on configurations the refinement assesses (~0.2 ms each)
-# Grid of the search space. Utilisation 0.30-0.90: verl's tuning guide works in 0.5-0.7, vLLM's own
-# default is 0.9; steps of 0.05. Batches in powers of two; token budgets in whole sequences.
-UTILIZATION_CHOICES: tuple[float, ...] = tuple(round(0.30 + 0.05 * i, 2) for i in range(13))
-MICRO_BATCH_CHOICES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-BUDGET_SEQUENCES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-PARALLEL_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
-BOOL_KNOBS: tuple[str, ...] = (
-    "param_offload",
-    "optimizer_offload",
-    "ref_param_offload",
-    "gradient_checkpointing",
-    "fused_logprob",
-    "enforce_eager",
-)
-UPDATE_BATCH = "update_batch"
 # Knobs that, given the shared ones (TP, SP, offloads, eager, fused), act on one phase only:
 # group dimensions and the checks that judge them (utilisation also sizes what weight sync holds).
 PHASE_GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -60,17 +52,6 @@ PHASE_GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "log_prob": (("log_prob_max_token_len_per_gpu",), ("memory.log_prob",)),
     "update": ((UPDATE_BATCH, "gradient_checkpointing"), ("memory.update",)),
 }
-# Knobs never searched (Knobs() defaults unless pinned): engine caps and the layout.
-UNSEARCHED: tuple[str, ...] = (
-    "vllm_engine",
-    "vllm_memory",
-    "log_prob_micro_batch_size_per_gpu",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "rollout_backend",
-    "placement",
-    "split_rollout_gpus_per_node",
-)
 
 
 class SearchSpace(Frozen):
@@ -105,85 +86,24 @@ class SearchResult(Frozen):
     seed: int | None = None
 
 
-def _with(values: tuple[Any, ...], extra: Any) -> tuple[Any, ...]:
-    """Choices plus the verl default (so it can be enqueued), in ascending order."""
-    return tuple(sorted(set(values) | {extra}))
-
-
-def _heads_ok(heads: int, kv: int, k: int) -> bool:
-    return heads % k == 0 and (kv % k == 0 or k % kv == 0)
-
-
-CPU_MEANINGLESS_OFFLOADS = ("param_offload", "optimizer_offload", "ref_param_offload")
-
-
 def build_space(inputs: PlanInputs, pins: Mapping[str, Any] | None = None) -> SearchSpace:
-    """The discrete space for these inputs, minus pinned knobs."""
+    """The discrete space for these inputs, minus pinned knobs (`knob_space.knob_choices`, analytic grid).
+    Knobs no rule searches (engine caps, the layout, the vLLM generation) keep `Knobs()` defaults unless
+    pinned."""
     pins = dict(pins or {})
     unknown = sorted(set(pins) - set(KNOB_KEYS))
     if unknown:
         raise InputError(f"Unknown knob(s) {', '.join(unknown)}.", f"Knob keys: {', '.join(KNOB_KEYS)}.")
-    spec, cluster, workload = inputs.model.spec, inputs.cluster, inputs.workload
-    base = Knobs(**pins)
-    defaults = Knobs()
-    seq = workload.seq_len_tokens
-    per_node = cluster.gpus_per_node
-    heads, kv = spec.num_attention_heads, spec.num_kv_heads
-    rollout_gpus, train_gpus = pools(cluster, base)
-    choices: dict[str, tuple[Any, ...]] = {}
-    vllm = base.rollout_backend == "vllm"
-    if not vllm and "rollout_tp" not in pins:
-        choices["rollout_tp"] = (1,)  # HF generate runs on the policy itself: no rollout TP
-    if vllm and "rollout_tp" not in pins:
-        tps = tuple(t for t in PARALLEL_CHOICES if t <= per_node and rollout_gpus % t == 0 and _heads_ok(heads, kv, t))
-        choices["rollout_tp"] = tps or (1,)
-    if vllm and "gpu_memory_utilization" not in pins:
-        choices["gpu_memory_utilization"] = _with(UTILIZATION_CHOICES, defaults.gpu_memory_utilization)
-    micro = tuple(f"micro:{m}" for m in _with(MICRO_BATCH_CHOICES, defaults.micro_batch_size_per_gpu or 1))
-    if "micro_batch_size_per_gpu" not in pins and "max_token_len_per_gpu" not in pins:
-        choices[UPDATE_BATCH] = micro + tuple(f"tokens:{k * seq}" for k in BUDGET_SEQUENCES)
-    elif "micro_batch_size_per_gpu" not in pins and pins["max_token_len_per_gpu"] is None:
-        choices[UPDATE_BATCH] = micro  # dynamic batching pinned off: search the fixed micro-batch
-    if "log_prob_max_token_len_per_gpu" not in pins:
-        choices["log_prob_max_token_len_per_gpu"] = _with(
-            tuple(k * seq for k in BUDGET_SEQUENCES), defaults.log_prob_max_token_len_per_gpu
-        )
-    for name in BOOL_KNOBS:
-        if name in pins:
-            continue
-        if name == "ref_param_offload" and not workload.use_kl_loss:
-            continue  # no reference model without the KL loss
-        if name == "enforce_eager" and (not vllm or cluster.gpu.is_cpu):
-            continue  # CUDA graphs exist only for vLLM on a GPU
-        if cluster.gpu.is_cpu and name in CPU_MEANINGLESS_OFFLOADS:
-            continue  # on the cpu pseudo-device host RAM *is* device memory: offloading moves nothing
-        choices[name] = (False, True)
-    if "ulysses_sp" not in pins:
-        sps = tuple(s for s in PARALLEL_CHOICES if s <= per_node and train_gpus % s == 0 and _heads_ok(heads, kv, s))
-        choices["ulysses_sp"] = sps or (1,)
+    choices = knob_choices(
+        inputs.model.spec,
+        inputs.cluster,
+        inputs.workload,
+        include=Knobs(**pins),
+        executor=traits_for(inputs.target),
+        grid=ANALYTIC_GRID,
+        fixed=frozenset(pins),
+    )
     return SearchSpace(choices=choices, pinned=pins)
-
-
-def update_batch_value(knobs: Knobs) -> str:
-    """The `update_batch` label of knobs: 'tokens:N' with dynamic batching, else 'micro:N'."""
-    if knobs.dynamic_batching:
-        return f"tokens:{knobs.max_token_len_per_gpu}"
-    return f"micro:{knobs.micro_batch_size_per_gpu}"
-
-
-def knobs_at_point(values: Mapping[str, Any], params: Mapping[str, Any]) -> Knobs:
-    """Knobs from `values` with a point's `params` set (its `update_batch` label decoded)."""
-    out = dict(values)
-    for name, value in params.items():
-        if name == UPDATE_BATCH:
-            kind, _, number = str(value).partition(":")
-            if kind == "micro":
-                out["micro_batch_size_per_gpu"], out["max_token_len_per_gpu"] = int(number), None
-            else:
-                out["max_token_len_per_gpu"] = int(number)
-        else:
-            out[name] = value
-    return Knobs(**out)
 
 
 def knobs_for(space: SearchSpace, params: Mapping[str, Any]) -> Knobs:

@@ -72,7 +72,7 @@ def _cluster_sizes(cluster: Cluster) -> Iterator[tuple[int, int]]:
 
 
 def _fewest_gpus(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None:
-    if inputs.cluster.gpu.is_cpu or first_fit(inputs, pins) is not None:
+    if not inputs.cluster.device.offload_meaningful or first_fit(inputs, pins) is not None:
         return None
     divisible = 0
     for nodes, per_node in _cluster_sizes(inputs.cluster):

@@ -52,7 +52,7 @@ from grpo_pilot.planner.roofline import (
     training_cost,
 )
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, TimeCoefficients
-from grpo_pilot.planner.traits import traits_for
+from grpo_pilot.planner.traits import ExecutorTraits, traits_for
 from grpo_pilot.profiles.spec import ModelSpec
 from grpo_pilot.units import BF16_BYTES, FP32_BYTES
 
@@ -61,7 +61,6 @@ __all__ = [
     "RolloutBreakdown",
     "allreduce_s",
     "attention_flops_per_token",
-    "budget_scaled_by_sp",
     "collective_bytes_per_s",
     "cpu_adam_s",
     "estimate_time",
@@ -70,7 +69,6 @@ __all__ = [
     "kv_bytes_per_token_per_gpu",
     "log_prob_time_s",
     "model_flops_per_step",
-    "offload_streams",
     "param_counts",
     "pools",
     "rollout_breakdown",
@@ -115,15 +113,10 @@ def _micro_loop_s(
     return full * one(per_micro) + (one(rest) if rest else 0.0)
 
 
-def budget_scaled_by_sp(target: Target) -> bool:
-    """verl multiplies the per-GPU token budget by the Ulysses degree; our engine and TRL do not
-    (`ExecutorTraits.budget_scaled_by_sp`)."""
-    return traits_for(target).budget_scaled_by_sp
-
-
-def _seqs_per_token_budget(budget_tokens: int, sp: int, seq_tokens: float, target: Target) -> int:
-    """Whole sequences one packed micro-batch (one SP group) holds; at least one."""
-    group_budget = budget_tokens * sp if budget_scaled_by_sp(target) else budget_tokens
+def _seqs_per_token_budget(budget_tokens: int, sp: int, seq_tokens: float, executor: ExecutorTraits) -> int:
+    """Whole sequences one packed micro-batch (one SP group) holds; at least one (verl multiplies the
+    per-GPU budget by the Ulysses degree: `ExecutorTraits.budget_scaled_by_sp`)."""
+    group_budget = budget_tokens * sp if executor.budget_scaled_by_sp else budget_tokens
     return max(1, int(group_budget // max(1.0, seq_tokens)))
 
 
@@ -133,12 +126,6 @@ def _ulysses_s(spec: ModelSpec, tokens_per_rank: float, sp: int, bw: float, pass
         return 0.0
     bytes_per_token = (2 * spec.q_dim + 2 * spec.kv_dim) * BF16_BYTES
     return passes * spec.num_layers * tokens_per_rank * bytes_per_token * (sp - 1) / sp / bw
-
-
-def offload_streams(target: Target) -> bool:
-    """How offloaded shards reach the GPU (`ExecutorTraits.offload_streams`): verl loads and offloads
-    once per phase (fsdp_workers); our engine and TRL stream shards in with every all-gather."""
-    return traits_for(target).offload_streams
 
 
 def train_dispatch_s(spec: ModelSpec, passes: int, coefficients: TimeCoefficients) -> float:
@@ -172,15 +159,21 @@ class _TrainSide(NamedTuple):
 
 
 def _train_side(
-    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, target: Target, coef: TimeCoefficients
+    spec: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    knobs: Knobs,
+    *,
+    executor: ExecutorTraits,
+    coef: TimeCoefficients,
 ) -> _TrainSide:
     gpu = cluster.gpu
     _, train_gpus = pools(cluster, knobs)
     lengths = lengths_of(workload)
-    padding = traits_for(target).padding
+    padding = executor.padding
     return _TrainSide(
         gpu=gpu,
-        prec=precision_for(target, gpu.is_cpu),
+        prec=precision_for(executor, cluster.device),
         lengths=lengths,
         train_gpus=train_gpus,
         sp=knobs.ulysses_sp,
@@ -207,34 +200,36 @@ def log_prob_time_s(
     cluster: Cluster,
     workload: Workload,
     knobs: Knobs,
-    target: Target,
+    *,
+    executor: ExecutorTraits,
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
 ) -> float:
     """Old-policy pass (+ reference pass with the KL loss), sharded over the training pool."""
     coef = coefficients
-    ts = _train_side(spec, cluster, workload, knobs, target, coef)
+    ts = _train_side(spec, cluster, workload, knobs, executor=executor, coef=coef)
     gpu, sp, seq = ts.gpu, ts.sp, ts.seq
     seqs_per_rank = math.ceil(workload.responses_per_step / ts.dp)
     if knobs.log_prob_micro_batch_size_per_gpu is not None:
         per_micro = knobs.log_prob_micro_batch_size_per_gpu
     else:
-        per_micro = _seqs_per_token_budget(knobs.log_prob_max_token_len_per_gpu, sp, seq, target)
+        per_micro = _seqs_per_token_budget(knobs.log_prob_max_token_len_per_gpu, sp, seq, executor)
     c = ts.prec.compute_bytes
-    logits = logits_traffic_bytes(spec.vocab_size, c, target, training=False)
+    logits = logits_traffic_bytes(spec.vocab_size, c, executor, training=False)
     compute_per_token = token_seconds(forward_cost(spec, ts.attention_context, c, logits), gpu, coef)
     gather_s = ring_time_s(BF16_BYTES * param_counts(spec)[0], ts.train_gpus, ts.bw)
     a2a_per_token = _ulysses_s(spec, 1, sp, ts.bw, passes=1)
-    streams = offload_streams(target) and not gpu.is_cpu
-    dispatch = {"dispatch_s_per_micro": train_dispatch_s(spec, 1, coef), "host_executes": gpu.is_cpu}
+    device = cluster.device
+    streams = executor.offload_streams and device.offload_meaningful
+    dispatch = {"dispatch_s_per_micro": train_dispatch_s(spec, 1, coef), "host_executes": device.host_executes_ops}
 
     def one_pass(offloaded: bool, bytes_per_param: int) -> float:
-        h2d = bytes_per_param * ts.shard_params / ts.host if offloaded and not gpu.is_cpu else 0.0
+        h2d = bytes_per_param * ts.shard_params / ts.host if offloaded and device.offload_meaningful else 0.0
         comm = gather_s + h2d if streams else gather_s  # streaming: every micro-batch brings its shard in
         loop = _micro_loop_s(seqs_per_rank, per_micro, seq / sp, compute_per_token, comm, a2a_per_token, **dispatch)
         return loop if streams else loop + h2d  # verl: once per pass
 
     total = 0.0
-    if old_logprob_pass_needed(workload, target):
+    if old_logprob_pass_needed(workload, executor):
         total += one_pass(knobs.param_offload, ts.prec.master_bytes)
     if workload.use_kl_loss:
         total += one_pass(knobs.ref_param_offload, ts.prec.ref_bytes)
@@ -246,31 +241,33 @@ def update_time_s(
     cluster: Cluster,
     workload: Workload,
     knobs: Knobs,
-    target: Target,
+    *,
+    executor: ExecutorTraits,
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
 ) -> float:
     """ppo_epochs × mini-batches × micro-batches of forward+backward, one optimizer step per mini-batch."""
     coef = coefficients
-    ts = _train_side(spec, cluster, workload, knobs, target, coef)
+    ts = _train_side(spec, cluster, workload, knobs, executor=executor, coef=coef)
     gpu, prec, sp, seq, shard_params, host = ts.gpu, ts.prec, ts.sp, ts.seq, ts.shard_params, ts.host
     num_minis = math.ceil(workload.prompts_per_step / workload.mini_batch_prompts)
     seqs_per_rank_mini = max(1, math.ceil(workload.mini_batch_prompts * workload.n / ts.dp))
     if knobs.dynamic_batching:
-        per_micro = _seqs_per_token_budget(knobs.max_token_len_per_gpu or ts.lengths.seq_max, sp, seq, target)
+        per_micro = _seqs_per_token_budget(knobs.max_token_len_per_gpu or ts.lengths.seq_max, sp, seq, executor)
     else:
         per_micro = knobs.micro_batch_size_per_gpu or 1
     c = prec.compute_bytes
-    logits = logits_traffic_bytes(spec.vocab_size, c, target, training=True)
+    logits = logits_traffic_bytes(spec.vocab_size, c, executor, training=True)
     cost = training_cost(spec, ts.attention_context, c, logits, knobs.gradient_checkpointing)
     compute_per_token = token_seconds(cost, gpu, coef)
     # FSDP per micro-batch: all-gather bf16 params in forward and again in backward
     # (reshard_after_forward), reduce-scatter fp32 grads (verl MixedPrecision reduce_dtype fp32).
     comm_s = ring_time_s((2 * BF16_BYTES + FP32_BYTES) * param_counts(spec)[0], ts.train_gpus, ts.bw)
-    p_off = knobs.param_offload and not gpu.is_cpu
-    o_off = knobs.optimizer_offload and not gpu.is_cpu
+    device = cluster.device
+    p_off = knobs.param_offload and device.offload_meaningful
+    o_off = knobs.optimizer_offload and device.offload_meaningful
     phase_s = 0.0  # once per update phase
     optim_s = shard_params * ADAM_BYTES_PER_PARAM / gpu.hbm_bytes_per_s
-    if offload_streams(target):
+    if executor.offload_streams:
         if p_off:  # shard in for forward and backward, grads out, every micro-batch
             comm_s += (2 * prec.master_bytes + prec.grad_bytes) * shard_params / host
         if p_off or o_off:  # the optimizer steps on the host
@@ -292,7 +289,7 @@ def update_time_s(
         a2a_per_token,
         # forward 1 + backward 2 (+ recomputed forward 1): the FLOP multipliers of `training_cost`
         dispatch_s_per_micro=train_dispatch_s(spec, passes + 1, coef),
-        host_executes=gpu.is_cpu,
+        host_executes=device.host_executes_ops,
     )
     per_epoch = num_minis * (micros_s + optim_s)
     return workload.ppo_epochs * per_epoch + phase_s
@@ -302,7 +299,8 @@ def weight_sync_time_s(
     spec: ModelSpec,
     cluster: Cluster,
     knobs: Knobs,
-    target: Target = "grpo-pilot",
+    *,
+    executor: ExecutorTraits,
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
 ) -> float:
     """Trainer → rollout engine: gather 2·P bf16 bytes, load into vLLM; none for HF rollout."""
@@ -312,10 +310,10 @@ def weight_sync_time_s(
     _, train_gpus = pools(cluster, knobs)
     weights = BF16_BYTES * param_counts(spec)[0]
     load_s = weights / knobs.rollout_tp / gpu.hbm_bytes_per_s
-    p_off = knobs.param_offload and not gpu.is_cpu
+    p_off = knobs.param_offload and cluster.device.offload_meaningful
     # Offloaded params come from the host once (verl loads them for the sync; streaming targets read
     # each shard once while gathering).
-    master_bytes = precision_for(target, gpu.is_cpu).master_bytes
+    master_bytes = precision_for(executor, cluster.device).master_bytes
     offload_s = master_bytes * param_counts(spec)[0] / train_gpus / host_link_bytes_per_s(gpu, coef) if p_off else 0.0
     if knobs.placement == "split":
         cross = coef.inter_node_bytes_per_s if cluster.num_nodes > 1 else gpu.link_bytes_per_s
@@ -329,12 +327,12 @@ def trained_tokens_per_step(workload: Workload) -> float:
     return workload.responses_per_step * workload.seq_mean_tokens
 
 
-def model_flops_per_step(spec: ModelSpec, workload: Workload, target: Target) -> float:
+def model_flops_per_step(spec: ModelSpec, workload: Workload, executor: ExecutorTraits) -> float:
     """Useful FLOPs (no recompute): 6·P per trained token per epoch, 2·P per log-prob token and per
     rollout token (prompt + response), attention included, at the expected lengths."""
     lengths = lengths_of(workload)
-    fwd = forward_flops_per_token(spec, _attention_seq(lengths, traits_for(target).padding))
-    passes = int(old_logprob_pass_needed(workload, target)) + int(workload.use_kl_loss)
+    fwd = forward_flops_per_token(spec, _attention_seq(lengths, executor.padding))
+    passes = int(old_logprob_pass_needed(workload, executor)) + int(workload.use_kl_loss)
     return trained_tokens_per_step(workload) * fwd * (3 * workload.ppo_epochs + passes + 1)
 
 
@@ -353,15 +351,15 @@ def estimate_time(
     engine's KV capacity from the memory estimate (None = unlimited: `max_num_seqs` caps concurrency);
     `coefficients` the efficiencies (analytic defaults or a calibration); `overheads` the memory
     constants the time model reads (the sampler's bytes per vocabulary entry)."""
-    coef = coefficients
+    coef, executor = coefficients, traits_for(target)
     rollout = rollout_time_s(
         model, cluster, workload, knobs, kv_cache_tokens_per_gpu, coefficients=coef, overheads=overheads
     )
     phases = {
         "rollout": rollout,
-        "log_prob": log_prob_time_s(model, cluster, workload, knobs, target, coef),
-        "update": update_time_s(model, cluster, workload, knobs, target, coef),
-        "weight_sync": weight_sync_time_s(model, cluster, knobs, target, coef),
+        "log_prob": log_prob_time_s(model, cluster, workload, knobs, executor=executor, coefficients=coef),
+        "update": update_time_s(model, cluster, workload, knobs, executor=executor, coefficients=coef),
+        "weight_sync": weight_sync_time_s(model, cluster, knobs, executor=executor, coefficients=coef),
     }
     step_s = sum(phases.values())
     peak = cluster.gpu.bf16_flops * cluster.world_size
@@ -369,5 +367,5 @@ def estimate_time(
         phases_s=phases,
         step_s=step_s,
         tokens_per_s=trained_tokens_per_step(workload) / step_s if step_s > 0 else 0.0,
-        mfu=model_flops_per_step(model, workload, target) / (peak * step_s) if step_s > 0 else 0.0,
+        mfu=model_flops_per_step(model, workload, executor) / (peak * step_s) if step_s > 0 else 0.0,
     )

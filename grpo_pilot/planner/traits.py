@@ -31,13 +31,26 @@ the executor behaviour it stands for and the source where it was read:
   micro-batch is a sample from a rank's share whose total is fixed; our engine and TRL do not.
 - fused_adamw_on_cpu: our engine steps a cpu run with torch's fused AdamW (engine/actor.py: one in-place
   pass per tensor, no foreach temporaries); verl and TRL use the default (foreach) AdamW.
+- ref_bytes: bytes per reference-model parameter on a GPU. Our engine keeps a bf16 copy; verl creates
+  non-actor roles in bf16 (`fsdp_workers`: `torch.float32 if self._is_actor else torch.bfloat16`); TRL
+  builds the reference with the policy's dtype (`model_init_kwargs.setdefault("dtype", self.model.dtype)`),
+  fp32 by default.
+- logits_kernel: which log-prob implementation's memory and traffic apply (`memory/logits.py`): our
+  engine's, verl's (flash-attn cross-entropy / FusedLinearForPPO) or TRL's always-fused chunked head.
+- missing_knobs: knobs the executor has no setting for, which the search must not move (they keep
+  `Knobs()` defaults): our engine refuses Ulysses SP (engine/assemble.py); TRL's GRPOConfig has no
+  reference offload (the reference stays on the GPU), no Ulysses SP, no log-prob kernel switch (its head
+  is always fused), no vLLM eager switch and no scheduler caps (trl 1.16 GRPOConfig fields).
 """
 
 from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+from grpo_pilot.units import BF16_BYTES, FP32_BYTES
+
 Padding = Literal["remove", "sorted_rows", "batch_max"]
+LogitsKernel = Literal["ours", "verl", "trl"]
 
 
 class ExecutorTraits(NamedTuple):
@@ -51,8 +64,15 @@ class ExecutorTraits(NamedTuple):
     masked_rows: bool
     log_prob_entropy: bool  # the old-policy pass computes entropy (no gradient)
     update_entropy_metric: bool  # the update computes entropy even without a bonus
+    ref_bytes: int  # reference parameters on a GPU
+    logits_kernel: LogitsKernel
+    missing_knobs: frozenset[str] = frozenset()
     fused_adamw_on_cpu: bool = False
     balances_batch: bool = False
+
+    def has_knob(self, name: str) -> bool:
+        """Whether the executor has a setting for knob `name` (else the search leaves it at its default)."""
+        return name not in self.missing_knobs
 
 
 TRAITS: dict[str, ExecutorTraits] = {
@@ -67,6 +87,9 @@ TRAITS: dict[str, ExecutorTraits] = {
         masked_rows=False,
         log_prob_entropy=False,
         update_entropy_metric=True,
+        ref_bytes=BF16_BYTES,
+        logits_kernel="ours",
+        missing_knobs=frozenset({"ulysses_sp"}),
         fused_adamw_on_cpu=True,
     ),
     "verl": ExecutorTraits(
@@ -80,6 +103,8 @@ TRAITS: dict[str, ExecutorTraits] = {
         masked_rows=False,
         log_prob_entropy=True,
         update_entropy_metric=False,
+        ref_bytes=BF16_BYTES,
+        logits_kernel="verl",
         balances_batch=True,
     ),
     "trl": ExecutorTraits(
@@ -93,8 +118,21 @@ TRAITS: dict[str, ExecutorTraits] = {
         masked_rows=True,
         log_prob_entropy=False,
         update_entropy_metric=False,
+        ref_bytes=FP32_BYTES,
+        logits_kernel="trl",
+        missing_knobs=frozenset(
+            {
+                "ref_param_offload",
+                "ulysses_sp",
+                "fused_logprob",
+                "enforce_eager",
+                "max_num_seqs",
+                "max_num_batched_tokens",
+            }
+        ),
     ),
 }
+TARGET_NAMES: tuple[str, ...] = tuple(TRAITS)
 
 
 def traits_for(target: str) -> ExecutorTraits:

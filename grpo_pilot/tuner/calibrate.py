@@ -48,11 +48,11 @@ from grpo_pilot.planner.config import Workload
 from grpo_pilot.planner.estimate import estimate_memory
 from grpo_pilot.planner.evaluate import PlanInputs
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
+from grpo_pilot.planner.rules import PLAN_PHASES
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, TimeCoefficients
 from grpo_pilot.planner.timing import estimate_time, trained_tokens_per_step
 from grpo_pilot.tuner.records import TrialRecord
 
-TIMED_PHASES = ("rollout", "log_prob", "update", "weight_sync")
 MIN_MEASURED_S = 1e-3  # below a millisecond the phase is timer noise and Python overhead
 MIN_SENSITIVITY = 0.05  # RMS d ln(prediction) / d ln(value): a value moving predictions < 5 % per e-fold
 MIN_INDEPENDENCE = 0.2  # share of a column not explained by the values already chosen
@@ -176,7 +176,7 @@ class _Model:
 def _observations(records: list[TrialRecord], analytic: list[dict[str, float]]) -> list[Observation]:
     out = []
     for index, (record, predicted) in enumerate(zip(records, analytic)):
-        for phase in TIMED_PHASES:
+        for phase in PLAN_PHASES:
             measured = record.phases[phase].measured_s if phase in record.phases else None
             if measured is not None and measured >= MIN_MEASURED_S and predicted.get(phase, 0.0) > 0.0:
                 out.append(Observation(index, phase, measured))

@@ -20,7 +20,8 @@ from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.tuner.prior import tensor_bytes
-from grpo_pilot.tuner.runner import MEASURED_PHASES, TrialOutcome
+from grpo_pilot.planner.rules import RUN_PHASES
+from grpo_pilot.tuner.runner import TrialOutcome
 
 RecordStatus = Literal["ok", "oom", "worker_died", "crash", "timeout", "pruned"]
 Source = Literal["input_plan", "planner", "sampler", "planner_fallback", "random_fallback", "retry"]
@@ -97,7 +98,7 @@ def build_record(
 ) -> TrialRecord:
     """A record from the trial plan and the run's outcome (`outcome` None = pruned, not run)."""
     phases: dict[str, PhaseRecord] = {}
-    for name in MEASURED_PHASES:
+    for name in RUN_PHASES:
         mem = plan.phases.get(name)  # type: ignore[call-overload]
         measured = outcome.phases.get(name) if outcome is not None else None
         phases[name] = PhaseRecord(

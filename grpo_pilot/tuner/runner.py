@@ -30,7 +30,6 @@ from grpo_pilot.models import Frozen
 
 Status = Literal["ok", "oom", "worker_died", "crash", "timeout"]
 FAILURE_KINDS: tuple[str, ...] = ("oom", "worker_died", "crash")
-MEASURED_PHASES: tuple[str, ...] = ("weight_sync", "rollout", "reward", "log_prob", "update")
 KILL_GRACE_S = 10.0  # SIGTERM → SIGKILL: time for the engine to shut its workers down
 LOG_TAIL_CHARS = 600  # of grpo-run's output quoted in a crash without failure.json
 LOG_NAME = "grpo-run.log"

@@ -7,8 +7,8 @@ and layout are dimensions; every other knob keeps the input plan's value:
 
 - `rollout_tp` (colocated placement only): powers of two up to the GPUs of one node that divide the
   world size, the attention heads and the kv heads (vLLM rules). `ulysses_sp` is not a dimension: every
-  trial runs on grpo-run, which refuses Ulysses sequence parallelism (`engine/assemble.py`), so such a
-  point could only crash;
+  trial runs on grpo-run, which has no Ulysses sequence parallelism (`ExecutorTraits.missing_knobs`), so
+  such a point could only crash;
 - `gpu_memory_utilization`, `enforce_eager` (CUDA graphs): vLLM rollout only, the latter on a GPU;
 - `update_batch`: a fixed micro-batch ("micro:4", dividing the per-GPU mini-batch) or a token budget
   ("tokens:6144" = verl's dynamic batching, whole sequences of prompt + response);
@@ -27,16 +27,14 @@ from typing import Any, Iterator, Mapping
 from pydantic import Field
 
 from grpo_pilot.models import Frozen
-from grpo_pilot.planner.config import Knobs, old_logprob_pass_needed
+from grpo_pilot.planner.config import Knobs
+from grpo_pilot.planner.knob_space import TRIAL_GRID, UPDATE_BATCH, knob_choices, knobs_at_point, update_batch_value
 from grpo_pilot.planner.plan import Plan
-from grpo_pilot.planner.search import UPDATE_BATCH, knobs_at_point, update_batch_value
-
-UTILIZATION_CHOICES: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-BATCH_POWERS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-PARALLEL_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
-OFFLOAD_KNOBS: tuple[str, ...] = ("param_offload", "optimizer_offload", "ref_param_offload")
+from grpo_pilot.planner.traits import traits_for
 
 Value = str | int | float | bool
+# Every trial runs on grpo-run, whatever executor the plan was made for.
+TRIAL_EXECUTOR = traits_for("grpo-pilot")
 
 
 class TuneSpace(Frozen):
@@ -57,61 +55,21 @@ class TuneSpace(Frozen):
         return TuneSpace(choices={k: v for k, v in self.choices.items() if k in names}, base=self.base)
 
 
-def _divides_heads(heads: int, kv_heads: int, k: int) -> bool:
-    return heads % k == 0 and (kv_heads % k == 0 or k % kv_heads == 0)
-
-
-def _with(values: tuple[Value, ...], extra: Value) -> tuple[Value, ...]:
-    """Choices plus the input plan's own value (so the plan itself is a point of the space)."""
-    return tuple(sorted(set(values) | {extra}, key=lambda v: (str(type(v)), v)))
-
-
-def _update_batch_sort_key(label: str) -> tuple[str, int]:
-    kind, _, number = label.partition(":")
-    return kind, int(number)
-
-
 def build_space(plan: Plan) -> TuneSpace:
-    """The real-run space around `plan` (its knobs are the base and always a point of the space)."""
-    knobs, spec, cluster, workload = plan.knobs, plan.model.spec, plan.cluster, plan.workload
-    on_gpu = not cluster.gpu.is_cpu
-    vllm = knobs.rollout_backend == "vllm"
-    colocated = knobs.placement == "colocated"
-    heads, kv = spec.num_attention_heads, spec.num_kv_heads
-    world, per_node = cluster.world_size, cluster.gpus_per_node
-    seq = workload.seq_len_tokens
-    choices: dict[str, tuple[Value, ...]] = {}
-
-    def parallel() -> tuple[int, ...]:
-        return tuple(k for k in PARALLEL_CHOICES if k <= per_node and world % k == 0 and _divides_heads(heads, kv, k))
-
-    if vllm and colocated:
-        choices["rollout_tp"] = _with(parallel(), knobs.rollout_tp)
-    if vllm:
-        choices["gpu_memory_utilization"] = _with(UTILIZATION_CHOICES, knobs.gpu_memory_utilization)
-    # per-GPU mini-batch in sequences (colocated: every GPU trains); a micro-batch must divide it
-    data_parallel = max(1, world // knobs.ulysses_sp) if colocated else None
-    per_gpu_mini = workload.mini_batch_prompts * workload.n // data_parallel if data_parallel else None
-    micro = tuple(
-        f"micro:{m}" for m in BATCH_POWERS if per_gpu_mini is None or (m <= per_gpu_mini and per_gpu_mini % m == 0)
+    """The real-run space around `plan` (its knobs are the base and always a point of the space): the shared
+    builder (`knob_space.knob_choices`) on the trial grid for our engine; with split placement the rollout
+    TP stays the plan's (the split layout's replicas are fixed by the plan's pools)."""
+    knobs = plan.knobs
+    fixed = frozenset({"rollout_tp"}) if knobs.placement == "split" else frozenset()
+    choices = knob_choices(
+        plan.model.spec,
+        plan.cluster,
+        plan.workload,
+        include=knobs,
+        executor=TRIAL_EXECUTOR,
+        grid=TRIAL_GRID,
+        fixed=fixed,
     )
-    budgets = tuple(f"tokens:{k * seq}" for k in BATCH_POWERS)
-    choices[UPDATE_BATCH] = tuple(
-        sorted(set(micro + budgets) | {update_batch_value(knobs)}, key=_update_batch_sort_key)
-    )
-    if workload.use_kl_loss or old_logprob_pass_needed(workload, plan.target):
-        choices["log_prob_max_token_len_per_gpu"] = _with(
-            tuple(k * seq for k in BATCH_POWERS), knobs.log_prob_max_token_len_per_gpu
-        )
-    choices["gradient_checkpointing"] = (False, True)
-    choices["fused_logprob"] = (False, True)
-    if on_gpu:
-        for name in OFFLOAD_KNOBS:
-            if name == "ref_param_offload" and not workload.use_kl_loss:
-                continue  # no reference model without the KL loss
-            choices[name] = (False, True)
-        if vllm:
-            choices["enforce_eager"] = (False, True)
     return TuneSpace(choices=choices, base=knobs)
 
 

@@ -165,6 +165,7 @@ def _unsupported(cluster: Any, knobs: Any, target: str, trainer_gpus: int) -> li
 def trace_inputs(cluster: Any, workload: Any, knobs: Any) -> dict[str, Any]:
     """The sequences the trace feeds, from the plan's micro-batching (see `compare_with_analytic`)."""
     from grpo_pilot.planner.config import old_logprob_pass_needed
+    from grpo_pilot.planner.traits import traits_for
     from grpo_pilot.planner.memory.layout import layout_for
     from grpo_pilot.planner.memory.tokens import sequences_per_sp_group
 
@@ -183,7 +184,7 @@ def trace_inputs(cluster: Any, workload: Any, knobs: Any) -> dict[str, Any]:
     else:
         lp_budget = knobs.log_prob_max_token_len_per_gpu
         lp_seqs = min(max(1, lp_budget // seq), step_seqs)
-    old_pass = old_logprob_pass_needed(workload, "grpo-pilot")
+    old_pass = old_logprob_pass_needed(workload, traits_for("grpo-pilot"))
     return {
         "world_size": world,
         "update_seqs": min(2 * min(per_mb, mini_seqs), mini_seqs),

@@ -57,12 +57,11 @@ def test_nxcpu_workers_share_the_host_ram_and_shard_like_fsdp(spec_of) -> None:
     """`Nxcpu`: each of N worker processes gets RAM / N as its device memory, and the states shard N ways."""
     from grpo_pilot.hardware.cluster import Cluster
     from grpo_pilot.hardware.gpus import cpu_spec
-    from grpo_pilot.planner.estimate import device_memory_bytes
 
     ram = 64 << 30
     one = Cluster(gpu=cpu_spec(), num_nodes=1, gpus_per_node=1, host_ram_bytes_per_node=ram)
     four = Cluster(gpu=cpu_spec(), num_nodes=1, gpus_per_node=4, host_ram_bytes_per_node=ram)
-    assert device_memory_bytes(one) == ram and device_memory_bytes(four) == ram // 4
+    assert one.device_memory_bytes == ram and four.device_memory_bytes == ram // 4
     spec, w = spec_of("qwen2.5-0.5b"), Workload(prompts_per_step=8, mini_batch_prompts=8, n=4)
     k = Knobs(rollout_backend="hf", rollout_tp=1)
     m1, m4 = estimate_memory(spec, one, w, k), estimate_memory(spec, four, w, k)

@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from grpo_pilot.planner.config import PHASES, Workload
+from grpo_pilot.planner.config import Workload
+from grpo_pilot.planner.rules import PLAN_PHASES as PHASES
 
 GRID_MODELS = ("qwen2.5-0.5b", "qwen2.5-7b", "qwen3-8b", "llama-3.1-8b", "qwen2.5-32b")
 GRID_CLUSTERS = ("1xA100-80G", "8xA100-80G", "2x8xH100-80G", "4xL40S", "1xcpu")

@@ -46,29 +46,29 @@ def test_logits_bytes_for_16k_tokens() -> None:
     # per element), plus the hidden-state gradient 2·T·h; the entropy metric (a forward moment of
     # 2·T·V + 8 bytes per chunk element) stays below that; an entropy gradient adds a second bf16 gradient
     chunk = 110 * V
-    bare = logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="none")
+    bare = logprob_logits_bytes(T, V, h, 2, kernel="ours", training=True, fused=False, entropy="none")
     assert bare == 4 * T * V + 4 * chunk + 2 * T * h == 9_965_666_304 + 66_908_160 + 117_440_512
-    metric = logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="metric")
+    metric = logprob_logits_bytes(T, V, h, 2, kernel="ours", training=True, fused=False, entropy="metric")
     assert metric == bare
     assert (
-        logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=False, entropy="grad")
+        logprob_logits_bytes(T, V, h, 2, kernel="ours", training=True, fused=False, entropy="grad")
         == 6 * T * V + 4 * chunk + 2 * T * h
     )
     # verl (flash-attn cross entropy, in-place backward): 2·c = 4 bytes per element
-    assert logprob_logits_bytes(T, V, h, 2, "verl", training=True, fused=False) == 4 * T * V + 2 * T * h
+    assert logprob_logits_bytes(T, V, h, 2, kernel="verl", training=True, fused=False) == 4 * T * V + 2 * T * h
     # forward-only (log-prob pass): the logits (2 bytes bf16, 4 fp32) and one float32 chunk, no hidden gradient
-    assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=False) == 2 * T * V + 4 * chunk
-    assert logprob_logits_bytes(T, V, h, 4, "grpo-pilot", training=False, fused=False) == 4 * T * V + 4 * chunk
+    assert logprob_logits_bytes(T, V, h, 2, kernel="ours", training=False, fused=False) == 2 * T * V + 4 * chunk
+    assert logprob_logits_bytes(T, V, h, 4, kernel="ours", training=False, fused=False) == 4 * T * V + 4 * chunk
     # fused, chunks of 1024 tokens: forward 12 bytes per chunk element; training backward c + 12 = 14,
     # plus the fp32 weight-gradient accumulator 4·V·h and the hidden gradient; its bf16 cast 2·V·h comes after
     # the chunk loop, when the chunk buffers (larger here) are freed
-    assert logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=False, fused=True) == 12 * 1024 * V
+    assert logprob_logits_bytes(T, V, h, 2, kernel="ours", training=False, fused=True) == 12 * 1024 * V
     assert (
-        logprob_logits_bytes(T, V, h, 2, "grpo-pilot", training=True, fused=True, entropy="metric")
+        logprob_logits_bytes(T, V, h, 2, kernel="ours", training=True, fused=True, entropy="metric")
         == 14 * 1024 * V + 4 * V * h + 2 * T * h
     )
     # TRL's fused head: one [4096, 32768] bf16 tile + 7 fp32 statistics per token
-    assert logprob_logits_bytes(T, V, h, 2, "trl", training=False, fused=False) == 2 * 4096 * 32768 + 28 * T
+    assert logprob_logits_bytes(T, V, h, 2, kernel="trl", training=False, fused=False) == 2 * 4096 * 32768 + 28 * T
 
 
 def test_update_logits_scored_positions_in_the_estimate(est) -> None:
@@ -87,7 +87,7 @@ def test_update_logits_scored_positions_in_the_estimate(est) -> None:
     # less than verl's 10.1 GB, and no longer the update's peak moment (a layer's backward is)
     from grpo_pilot.planner.memory.logits import logprob_logits_bytes as logits_bytes
 
-    lean = logits_bytes(10_923, V_QWEN25, 3584, 2, "grpo-pilot", training=True, fused=False, entropy="metric")
+    lean = logits_bytes(10_923, V_QWEN25, 3584, 2, kernel="ours", training=True, fused=False, entropy="metric")
     assert lean == 4 * 10_923 * V_QWEN25 + 4 * 110 * V_QWEN25 + 2 * 10_923 * 3584
     ours = est("qwen2.5-7b", "8xA100-80G", max_token_len_per_gpu=16_384)
     assert ours.phases["update"].items["logits"] == 0 and ours.phases["update"].items["gathered_layers"] > 0

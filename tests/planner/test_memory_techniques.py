@@ -104,15 +104,24 @@ def test_ulysses_splits_tokens_and_adds_all_to_all_buffers(est) -> None:
     # the tokens per rank halve, and with them the saved activations (the peak moment may change: with
     # fewer tokens the last layer's backward, which frees the head side, can outweigh the logits)
     from grpo_pilot.hardware import parse_cluster
-    from grpo_pilot.planner.estimate import memory_context
+    from grpo_pilot.planner.memory.context import memory_context
+    from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS
+    from grpo_pilot.planner.traits import traits_for
     from grpo_pilot.profiles.catalog import resolve_model
 
     spec, cluster = resolve_model("qwen2.5-7b").spec, parse_cluster("8xA100-80G")
     ctx = [
-        memory_context(spec, cluster, Workload(), Knobs(micro_batch_size_per_gpu=8, ulysses_sp=sp), "verl")
+        memory_context(
+            spec,
+            cluster,
+            Workload(),
+            Knobs(micro_batch_size_per_gpu=8, ulysses_sp=sp),
+            executor=traits_for("verl"),
+            overheads=DEFAULT_OVERHEADS,
+        )
         for sp in (1, 2)
     ]
-    assert ctx[1].t_upd * 2 == ctx[0].t_upd
+    assert ctx[1].update_tokens * 2 == ctx[0].update_tokens
     assert two.phases["update"].items["activations"] < one.phases["update"].items["activations"]
     assert two.phases["update"].items["overhead_nccl"] == one.phases["update"].items["overhead_nccl"] * 2
 

@@ -8,6 +8,7 @@ from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner.config import Knobs, Workload, old_logprob_pass_needed
 from grpo_pilot.planner.estimate import estimate_memory
 from grpo_pilot.planner.timing import estimate_time
+from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles import resolve_model
 
 SPEC = resolve_model("qwen2.5-7b").spec
@@ -18,6 +19,7 @@ TWO_MINI = Workload(prompts_per_step=256, mini_batch_prompts=128, n=4, use_kl_lo
 
 @pytest.mark.parametrize("target,expected", [("verl", True), ("grpo-pilot", False), ("trl", False)])
 def test_rule_on_one_on_policy_update(target, expected):
+    target = traits_for(target)
     assert old_logprob_pass_needed(ON_POLICY, target) is expected
     assert old_logprob_pass_needed(TWO_MINI, target) is True
     assert old_logprob_pass_needed(ON_POLICY.model_copy(update={"ppo_epochs": 2}), target) is True

@@ -8,13 +8,15 @@ from grpo_pilot.planner.memory.optimizer import FOREACH_ADAMW_BYTES_PER_PARAM, a
 
 
 def test_fused_and_offloaded_steps_need_no_temporaries() -> None:
-    assert adam_step_temporary_bytes(10_000, 4_000, False, True, fused=True) == 0
-    assert adam_step_temporary_bytes(10_000, 4_000, True, False) == 0
+    assert adam_step_temporary_bytes(10_000, 4_000, on_host=False, single_tensor=True, fused=True) == 0
+    assert adam_step_temporary_bytes(10_000, 4_000, on_host=True, single_tensor=False) == 0
 
 
 def test_unfused_cpu_and_gpu_temporaries() -> None:
-    assert adam_step_temporary_bytes(10_000, 4_000, False, True) == 4 * 4_000
-    assert adam_step_temporary_bytes(10_000, 4_000, False, False) == FOREACH_ADAMW_BYTES_PER_PARAM * 10_000
+    assert adam_step_temporary_bytes(10_000, 4_000, on_host=False, single_tensor=True) == 4 * 4_000
+    assert adam_step_temporary_bytes(10_000, 4_000, on_host=False, single_tensor=False) == (
+        FOREACH_ADAMW_BYTES_PER_PARAM * 10_000
+    )
 
 
 def test_engine_actor_uses_fused_adamw_on_cpu() -> None:

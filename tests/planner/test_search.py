@@ -29,9 +29,11 @@ def inputs(model: str = "qwen2.5-7b", gpus: str = "8xH100", **kw) -> PlanInputs:
 
 
 def test_space_prunes_tp_and_sp_by_heads_and_excludes_pins() -> None:
-    space = build_space(inputs())  # qwen2.5-7b: 28 heads, 4 kv heads
+    space = build_space(inputs(target="verl"))  # qwen2.5-7b: 28 heads, 4 kv heads
     assert space.choices["rollout_tp"] == (1, 2, 4)
     assert space.choices["ulysses_sp"] == (1, 2, 4)
+    # our engine has no Ulysses SP (ExecutorTraits.missing_knobs): its plans never choose it
+    assert "ulysses_sp" not in build_space(inputs()).choices
     seq = Workload().seq_len_tokens
     assert "micro:4" in space.choices[UPDATE_BATCH] and f"tokens:{2 * seq}" in space.choices[UPDATE_BATCH]
     assert 16384 in space.choices["log_prob_max_token_len_per_gpu"]  # verl's default stays reachable

@@ -10,6 +10,7 @@ from grpo_pilot.planner import timing as T
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.evaluate import PlanInputs, assess, model_ref
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, MAMF_EFFICIENCY, TimeCoefficients
+from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles import resolve_model
 
 # verl's reference GRPO log (Qwen2-7B, GSM8K lengths): the corpus case verl-ref-log-qwen2-7b-fsdp2-8xH20-141G
@@ -28,7 +29,9 @@ GSM8K = Workload(
 def _update_rate(gpu: str) -> float:
     """Model FLOPs of the update (3 × forward per token, no recompute) over its predicted time, per peak."""
     s, c = resolve_model("qwen2-7b").spec, parse_cluster(f"8x{gpu}")
-    t = T.update_time_s(s, c, GSM8K, Knobs(max_token_len_per_gpu=24000, gradient_checkpointing=False), "verl")
+    t = T.update_time_s(
+        s, c, GSM8K, Knobs(max_token_len_per_gpu=24000, gradient_checkpointing=False), executor=traits_for("verl")
+    )
     flops = GSM8K.responses_per_step * 293 * 3 * T.forward_flops_per_token(s, 293)
     return flops / (t * c.gpu.bf16_flops * c.world_size)
 

@@ -12,6 +12,7 @@ from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.memory.activations import layer_activation_bytes_per_token
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS as COEF
 from grpo_pilot.planner.timing import estimate_time
+from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles import resolve_model
 
 A100_MATMUL = 312e12 * 271.2 / 312  # MAMF of the A100 SXM (time_coefficients.py)
@@ -59,7 +60,7 @@ def test_update_phase_single_gpu_by_hand() -> None:
     per_token = matmul / A100_MATMUL + attention / (A100_MATMUL * 0.7) + memory / A100_HBM
     adam = s.num_params * T.ADAM_BYTES_PER_PARAM / 2039e9
     expected = 1 * 1 * (micros * tokens * per_token + adam)
-    assert T.update_time_s(s, c, SMALL, k, "grpo-pilot") == pytest.approx(expected, rel=1e-12)
+    assert T.update_time_s(s, c, SMALL, k, executor=traits_for("grpo-pilot")) == pytest.approx(expected, rel=1e-12)
 
 
 def test_partial_last_micro_batch_is_not_padded() -> None:
@@ -69,7 +70,12 @@ def test_partial_last_micro_batch_is_not_padded() -> None:
     s, c = spec("qwen2.5-0.5b"), parse_cluster("1xA100-80G")
     w = SMALL.model_copy(update={"prompts_per_step": 5, "mini_batch_prompts": 5})
     coef = COEF.model_copy(update={"train_dispatch_s_per_layer_pass": 0.0})
-    times = {m: T.update_time_s(s, c, w, Knobs(micro_batch_size_per_gpu=m), "grpo-pilot", coef) for m in (1, 2, 4, 5)}
+    times = {
+        m: T.update_time_s(
+            s, c, w, Knobs(micro_batch_size_per_gpu=m), executor=traits_for("grpo-pilot"), coefficients=coef
+        )
+        for m in (1, 2, 4, 5)
+    }
     assert times[4] == pytest.approx(times[1], rel=1e-12) == pytest.approx(times[5], rel=1e-12)
 
 
@@ -89,15 +95,15 @@ def test_op_dispatch_per_micro_batch_adds_on_cpu_and_hides_behind_gpu_work() -> 
         return Knobs(micro_batch_size_per_gpu=micro, gradient_checkpointing=False)
 
     def cpu_update(micro: int, coef) -> float:
-        return T.update_time_s(s, cpu, w, knobs(micro), "grpo-pilot", coef)
+        return T.update_time_s(s, cpu, w, knobs(micro), executor=traits_for("grpo-pilot"), coefficients=coef)
 
     assert cpu_update(1, slow) - cpu_update(1, zero) == pytest.approx(10 * dispatch)
     assert cpu_update(10, slow) - cpu_update(10, zero) == pytest.approx(dispatch)
     gpu = parse_cluster("1xA100-80G")
-    one_seq = T.update_time_s(s, gpu, w, knobs(1), "grpo-pilot", zero)
+    one_seq = T.update_time_s(s, gpu, w, knobs(1), executor=traits_for("grpo-pilot"), coefficients=zero)
     assert one_seq / 10 < dispatch  # 0.72 s of dispatch per micro-batch outlasts one sequence's GPU work
     adam = s.num_params * T.ADAM_BYTES_PER_PARAM / 2039e9
-    with_dispatch = T.update_time_s(s, gpu, w, knobs(1), "grpo-pilot", slow)
+    with_dispatch = T.update_time_s(s, gpu, w, knobs(1), executor=traits_for("grpo-pilot"), coefficients=slow)
     assert with_dispatch == pytest.approx(10 * dispatch + adam)
 
 
@@ -113,8 +119,8 @@ def test_checkpointing_adds_one_forward() -> None:
         response_len_tokens=512,
         use_kl_loss=False,
     )
-    on = T.update_time_s(s, c, w, Knobs(gradient_checkpointing=True), "grpo-pilot")
-    off = T.update_time_s(s, c, w, Knobs(gradient_checkpointing=False), "grpo-pilot")
+    on = T.update_time_s(s, c, w, Knobs(gradient_checkpointing=True), executor=traits_for("grpo-pilot"))
+    off = T.update_time_s(s, c, w, Knobs(gradient_checkpointing=False), executor=traits_for("grpo-pilot"))
     tokens = 64 * 4 * 1024
     forward = (
         2 * s.num_active_params / A100_MATMUL
@@ -130,8 +136,11 @@ def test_weight_sync_colocated_by_hand() -> None:
     k = Knobs(rollout_tp=2)
     weights = 2 * s.num_params
     expected = weights * 7 / 8 / (300e9 * COEF.link_efficiency) + weights / 2 / 2039e9
-    assert T.weight_sync_time_s(s, c, k) == pytest.approx(expected, rel=1e-12)
-    assert T.weight_sync_time_s(s, c, k.model_copy(update={"rollout_backend": "hf"})) == 0.0
+    assert T.weight_sync_time_s(s, c, k, executor=traits_for("grpo-pilot")) == pytest.approx(expected, rel=1e-12)
+    assert (
+        T.weight_sync_time_s(s, c, k.model_copy(update={"rollout_backend": "hf"}), executor=traits_for("grpo-pilot"))
+        == 0.0
+    )
 
 
 def test_decode_is_bounded_below_by_the_longest_response() -> None:
@@ -231,32 +240,34 @@ def test_report_consistency() -> None:
     assert r.step_s == pytest.approx(sum(r.phases_s.values()))
     assert r.tokens_per_s == pytest.approx(w.responses_per_step * w.seq_len_tokens / r.step_s)
     assert 0.0 < r.mfu < 1.0
-    flops = T.model_flops_per_step(s, w, "grpo-pilot")
+    flops = T.model_flops_per_step(s, w, traits_for("grpo-pilot"))
     assert r.mfu == pytest.approx(flops / (989e12 * 8 * r.step_s))
 
 
 def test_offload_costs_time_and_verl_loads_once_per_phase() -> None:
     s, c = spec("qwen3-8b"), parse_cluster("8xH100")
     w = Workload()
-    plain = T.update_time_s(s, c, w, Knobs(), "verl")
-    verl_off = T.update_time_s(s, c, w, Knobs(param_offload=True, optimizer_offload=True), "verl")
+    plain = T.update_time_s(s, c, w, Knobs(), executor=traits_for("verl"))
+    verl_off = T.update_time_s(s, c, w, Knobs(param_offload=True, optimizer_offload=True), executor=traits_for("verl"))
     shard = s.num_params / 8
     host = 64e9 * COEF.host_link_efficiency  # H100: PCIe 5.0 x16
     # verl: params (fp32) and Adam m+v (2 × fp32) each cross PCIe twice, once per update phase.
     assert verl_off - plain == pytest.approx((2 * 4 + 2 * 8) * shard / host, rel=1e-9)
-    ours_off = T.update_time_s(s, c, w, Knobs(param_offload=True, optimizer_offload=True), "grpo-pilot")
-    assert ours_off > T.update_time_s(s, c, w, Knobs(), "grpo-pilot")
+    ours_off = T.update_time_s(
+        s, c, w, Knobs(param_offload=True, optimizer_offload=True), executor=traits_for("grpo-pilot")
+    )
+    assert ours_off > T.update_time_s(s, c, w, Knobs(), executor=traits_for("grpo-pilot"))
 
 
 def test_trl_skips_old_logprob_only_for_one_on_policy_update() -> None:
     s, c = spec("qwen2.5-1.5b"), parse_cluster("8xH100")
     one_update = Workload(prompts_per_step=256, mini_batch_prompts=256, use_kl_loss=False)
-    assert T.log_prob_time_s(s, c, one_update, Knobs(), "trl") == 0.0
-    assert T.log_prob_time_s(s, c, one_update, Knobs(), "verl") > 0.0
+    assert T.log_prob_time_s(s, c, one_update, Knobs(), executor=traits_for("trl")) == 0.0
+    assert T.log_prob_time_s(s, c, one_update, Knobs(), executor=traits_for("verl")) > 0.0
     two_updates = Workload(prompts_per_step=256, mini_batch_prompts=128, use_kl_loss=False)
-    assert T.log_prob_time_s(s, c, two_updates, Knobs(), "trl") > 0.0
+    assert T.log_prob_time_s(s, c, two_updates, Knobs(), executor=traits_for("trl")) > 0.0
     with_ref = one_update.model_copy(update={"use_kl_loss": True})
-    assert T.log_prob_time_s(s, c, with_ref, Knobs(), "trl") > 0.0
+    assert T.log_prob_time_s(s, c, with_ref, Knobs(), executor=traits_for("trl")) > 0.0
 
 
 def test_eager_and_hf_rollout_are_slower() -> None:
@@ -276,9 +287,9 @@ def test_split_placement_halves_each_pool() -> None:
 
 def test_token_budget_semantics_follow_the_target() -> None:
     """verl multiplies the per-GPU budget by SP; our engine does not: fewer sequences per micro-batch."""
-    assert T._seqs_per_token_budget(4096, 2, 1024, "verl") == 8
-    assert T._seqs_per_token_budget(4096, 2, 1024, "grpo-pilot") == 4
-    assert T._seqs_per_token_budget(100, 1, 1024, "grpo-pilot") == 1  # at least one whole sequence
+    assert T._seqs_per_token_budget(4096, 2, 1024, traits_for("verl")) == 8
+    assert T._seqs_per_token_budget(4096, 2, 1024, traits_for("grpo-pilot")) == 4
+    assert T._seqs_per_token_budget(100, 1, 1024, traits_for("grpo-pilot")) == 1  # at least one whole sequence
 
 
 def test_kv_heads_replicate_beyond_tp() -> None:

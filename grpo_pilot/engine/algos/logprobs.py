@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from grpo_pilot.errors import InputError
-from grpo_pilot.planner.memory.logits import UNFUSED_CHUNK_ELEMENTS
+from grpo_pilot.kernels import UNFUSED_CHUNK_ELEMENTS
 
 DEFAULT_CHUNK_TOKENS = 1024
 

@@ -13,26 +13,41 @@ process baseline is reported here (the phases already count every tensor).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+
+class HostShards(NamedTuple):
+    """Bytes of one training rank's shards that offloading would move to the host."""
+
+    master_bytes: int
+    grad_bytes: int
+    adam_bytes: int
+    ref_bytes: int
+
+
+class HostOffloads(NamedTuple):
+    """Which shards live in host RAM."""
+
+    params: bool
+    optimizer: bool
+    ref: bool
+    grads_follow_params: bool  # the grads stay with offloaded params (FSDP2 / ZeRO-3 offload; not verl)
+
 
 def host_items(
+    *,
     trainer_ranks_on_node: int,
     processes_on_node: int,
-    master_shard_bytes: int,
-    grad_shard_bytes: int,
-    adam_shard_bytes: int,
-    ref_shard_bytes: int,
-    param_offload: bool,
-    optimizer_offload: bool,
-    ref_param_offload: bool,
-    grads_follow_params: bool,
+    shards: HostShards,
+    offloads: HostOffloads,
     rss_bytes_per_process: int,
 ) -> dict[str, int]:
     """Itemised host bytes of one node (items sum to the node's total)."""
-    n = trainer_ranks_on_node
+    n, off = trainer_ranks_on_node, offloads
     return {
-        "actor_params_offloaded": n * master_shard_bytes if param_offload else 0,
-        "actor_grads_offloaded": n * grad_shard_bytes if (param_offload and grads_follow_params) else 0,
-        "optimizer_states_offloaded": n * adam_shard_bytes if optimizer_offload else 0,
-        "ref_params_offloaded": n * ref_shard_bytes if ref_param_offload else 0,
+        "actor_params_offloaded": n * shards.master_bytes if off.params else 0,
+        "actor_grads_offloaded": n * shards.grad_bytes if (off.params and off.grads_follow_params) else 0,
+        "optimizer_states_offloaded": n * shards.adam_bytes if off.optimizer else 0,
+        "ref_params_offloaded": n * shards.ref_bytes if off.ref else 0,
         "process_rss": processes_on_node * rss_bytes_per_process,
     }

@@ -39,11 +39,10 @@ trl (GRPOTrainer ≥ 1.x always patches a fused LM head, trl/kernels/chunked_log
 
 from __future__ import annotations
 
+from grpo_pilot.kernels import FUSED_LOGPROB_CHUNK_TOKENS, UNFUSED_CHUNK_ELEMENTS
+from grpo_pilot.planner.traits import LogitsKernel
 from grpo_pilot.units import FP32_BYTES
 
-FUSED_LOGPROB_CHUNK_TOKENS = 1024  # our engine's chunk: grpo_pilot.engine imports this constant
-# our engine's unfused path forms float32 logits UNFUSED_CHUNK_ELEMENTS at a time (engine/algos/logprobs.py)
-UNFUSED_CHUNK_ELEMENTS = 1 << 24
 VERL_FUSED_CHUNK_TOKENS = 512  # verl FusedLinearForPPOFunction.forward(chunk_size=512)
 TRL_TOKEN_TILE = 4096  # trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE
 TRL_VOCAB_TILE = 32768  # trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE
@@ -88,22 +87,23 @@ def logprob_logits_bytes(
     vocab: int,
     hidden: int,
     compute_bytes: int,
-    target: str,
     *,
+    kernel: LogitsKernel,
     training: bool,
     fused: bool,
     entropy: str = "none",
 ) -> int:
-    """Peak bytes of the log-prob (and entropy) computation for `tokens` scored positions on one rank."""
+    """Peak bytes of the log-prob (and entropy) computation for `tokens` scored positions on one rank, with
+    the executor's log-prob implementation (`ExecutorTraits.logits_kernel`)."""
     if entropy not in ENTROPY_MODES:
         raise ValueError(f"entropy must be one of {ENTROPY_MODES}, got {entropy!r}")
     if tokens <= 0:
         return 0
     c = compute_bytes
-    if target == "trl":
+    if kernel == "trl":
         return _trl_bytes(tokens, vocab, hidden, c, training)
     grad_hidden = c * tokens * hidden if training else 0
-    if target == "verl":
+    if kernel == "verl":
         if not fused:
             return tokens * vocab * _verl_unfused(c, training, entropy) + grad_hidden
         chunk = min(tokens, VERL_FUSED_CHUNK_TOKENS)

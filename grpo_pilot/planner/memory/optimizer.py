@@ -24,11 +24,13 @@ FP32 = FP32_BYTES
 
 
 def adam_step_temporary_bytes(
-    shard_params: int, largest_param_elements: int, optimizer_offload: bool, is_cpu: bool, *, fused: bool = False
+    shard_params: int, largest_param_elements: int, *, on_host: bool, single_tensor: bool, fused: bool = False
 ) -> int:
-    """Transient bytes of one AdamW step over a rank's shard (`fused`: the fused kernel, see above)."""
-    if optimizer_offload or fused:
+    """Transient bytes of one AdamW step over a rank's shard on the device: none when the step runs on the
+    host (`on_host`) or fused; one tensor's intermediate in the single-tensor loop (`single_tensor`: the
+    cpu default); else the foreach lists over the shard (see above)."""
+    if on_host or fused:
         return 0
-    if is_cpu:
+    if single_tensor:
         return FP32 * largest_param_elements
     return FOREACH_ADAMW_BYTES_PER_PARAM * shard_params

@@ -6,10 +6,7 @@ Variants:
   "otherwise the optimizer is in bf16"; MixedPrecision(param bf16, reduce fp32)). TRL loads the
   policy in fp32 when `model_init_kwargs` has no dtype (GRPOTrainer docstring, trl 1.16) and trains
   under bf16 autocast (`GRPOConfig.bf16` defaults to True). Our engine: fp32 master + bf16 autocast.
-- Reference model: our engine keeps it in bf16; verl creates non-actor roles in bf16 unless
-  `fsdp_config.model_dtype` says otherwise (`torch.float32 if self._is_actor else torch.bfloat16`);
-  TRL builds the reference with the policy's dtype (`model_init_kwargs.setdefault("dtype",
-  self.model.dtype)`), i.e. fp32 by default.
+- Reference model: `ExecutorTraits.ref_bytes` (bf16 for our engine and verl, fp32 for TRL).
 - The rollout engine's weights (vLLM) are bf16 on GPU.
 - cpu pseudo-device (our engine, `1xcpu`): everything fp32 — no bf16 copies at all.
 """
@@ -18,6 +15,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from grpo_pilot.hardware.device_traits import DeviceTraits
+from grpo_pilot.planner.traits import ExecutorTraits
 from grpo_pilot.units import BF16_BYTES, FP32_BYTES
 
 ADAM_STATE_BYTES = 2 * FP32_BYTES  # exp_avg + exp_avg_sq in fp32 (torch.optim.AdamW on fp32 params)
@@ -32,14 +31,16 @@ class Precision(NamedTuple):
     adam_bytes: int  # both Adam moments together
     ref_bytes: int  # reference-model parameters
     rollout_bytes: int  # rollout-engine (vLLM) weights and KV cache
-    is_cpu: bool
 
 
-_REF_BYTES_GPU = {"grpo-pilot": BF16_BYTES, "verl": BF16_BYTES, "trl": FP32_BYTES}
+def precision_for(executor: ExecutorTraits, device: DeviceTraits) -> Precision:
+    """Element sizes for one executor on a GPU (mixed precision; the reference's dtype is the executor's
+    `ref_bytes`) or on the cpu pseudo-device (fp32 everywhere)."""
+    if not device.mixed_precision:
+        return Precision(FP32_BYTES, FP32_BYTES, FP32_BYTES, ADAM_STATE_BYTES, FP32_BYTES, FP32_BYTES)
+    return Precision(BF16_BYTES, FP32_BYTES, FP32_BYTES, ADAM_STATE_BYTES, executor.ref_bytes, BF16_BYTES)
 
 
-def precision_for(target: str, is_cpu: bool) -> Precision:
-    """Element sizes for one executor on GPU (mixed precision) or on the cpu pseudo-device (fp32)."""
-    if is_cpu:
-        return Precision(FP32_BYTES, FP32_BYTES, FP32_BYTES, ADAM_STATE_BYTES, FP32_BYTES, FP32_BYTES, True)
-    return Precision(BF16_BYTES, FP32_BYTES, FP32_BYTES, ADAM_STATE_BYTES, _REF_BYTES_GPU[target], BF16_BYTES, False)
+def rollout_element_bytes(device: DeviceTraits) -> int:
+    """Bytes per element of the rollout engine's weights and KV cache (bf16 on a GPU, fp32 on cpu)."""
+    return BF16_BYTES if device.mixed_precision else FP32_BYTES

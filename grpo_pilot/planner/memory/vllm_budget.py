@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from grpo_pilot.planner.overheads import Overheads
+from grpo_pilot.profiles.spec import ModelSpec
+
 VLLM_DEFAULT_MAX_CAPTURE_SIZE = 512  # vllm/config/vllm.py default_max_graph_size (1024 on Blackwell)
 
 
@@ -56,44 +59,49 @@ def forward_bytes_per_token(
     return compute_bytes * (2 * hidden + (2 * q_dim + 2 * kv_dim) // t + 3 * intermediate // t)
 
 
+class VllmSettings(NamedTuple):
+    """The engine settings that size its budget (verl's rollout config / vLLM's EngineArgs)."""
+
+    utilization: float  # gpu_memory_utilization
+    tensor_parallel: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    cuda_graphs: bool  # captured (a GPU and not enforce_eager)
+    non_torch_buffers: bool  # NCCL / workspaces outside torch (a GPU)
+
+
 def vllm_budget(
-    total_memory_bytes: int,
-    gpu_memory_utilization: float,
-    num_params: int,
-    tensor_parallel: int,
-    hidden: int,
-    q_dim: int,
-    kv_dim: int,
-    intermediate: int,
-    vocab: int,
+    *,
+    model: ModelSpec,
+    settings: VllmSettings,
+    device_bytes: int,
     weight_bytes: int,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
-    enforce_eager: bool,
-    is_cpu: bool,
-    non_torch_base_bytes: int,
-    non_torch_per_extra_tp_rank_bytes: int,
-    sampler_bytes_per_vocab_entry: int,
-    cuda_graph_bytes_per_graph: int,
-    cuda_graph_modes: int,
+    overheads: Overheads,
     preexisting_bytes: int = 0,
 ) -> VllmBudget:
     """Split one GPU's vLLM budget into weights, activation peak, buffers, graphs and KV cache.
 
-    `preexisting_bytes`: memory already in use on the GPU when the engine profiles, which vLLM <= 0.8
-    counts against the same budget (worker.determine_num_available_blocks / v1 gpu_worker
-    .determine_available_memory: KV = total × utilization − torch's process-wide allocated peak − every
-    non-torch allocation on the device); 0 for vLLM >= 0.9, whose memory_profiling measures only the
-    engine's own increase from its start snapshot."""
-    budget = int(gpu_memory_utilization * total_memory_bytes) - preexisting_bytes
-    weights = -(-num_params // tensor_parallel) * weight_bytes
-    per_token = forward_bytes_per_token(hidden, q_dim, kv_dim, intermediate, tensor_parallel, weight_bytes)
-    sampler_reqs = min(max_num_seqs, max_num_batched_tokens)
-    activations = max(max_num_batched_tokens * per_token, sampler_reqs * vocab * sampler_bytes_per_vocab_entry)
-    non_torch = 0 if is_cpu else non_torch_base_bytes + (tensor_parallel - 1) * non_torch_per_extra_tp_rank_bytes
+    `weight_bytes`: bytes per weight (and KV) element. `preexisting_bytes`: memory already in use on the
+    GPU when the engine profiles, which vLLM <= 0.8 counts against the same budget
+    (worker.determine_num_available_blocks / v1 gpu_worker.determine_available_memory: KV = total ×
+    utilization − torch's process-wide allocated peak − every non-torch allocation on the device); 0 for
+    vLLM >= 0.9, whose memory_profiling measures only the engine's own increase from its start snapshot."""
+    s, ov, t = settings, overheads, settings.tensor_parallel
+    budget = int(s.utilization * device_bytes) - preexisting_bytes
+    weights = -(-model.num_params // t) * weight_bytes
+    per_token = forward_bytes_per_token(
+        model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size, t, weight_bytes
+    )
+    sampler_reqs = min(s.max_num_seqs, s.max_num_batched_tokens)
+    activations = max(
+        s.max_num_batched_tokens * per_token, sampler_reqs * model.vocab_size * ov.vllm_sampler_bytes_per_vocab_entry
+    )
+    non_torch = 0
+    if s.non_torch_buffers:
+        non_torch = ov.vllm_non_torch_base_bytes + (t - 1) * ov.vllm_non_torch_per_extra_tp_rank_bytes
     graphs = 0
-    if not (enforce_eager or is_cpu):
-        num_sizes, largest = capture_sizes(max_num_seqs, max_num_batched_tokens)
-        graphs = cuda_graph_modes * num_sizes * cuda_graph_bytes_per_graph + largest * per_token
+    if s.cuda_graphs:
+        num_sizes, largest = capture_sizes(s.max_num_seqs, s.max_num_batched_tokens)
+        graphs = ov.vllm_cuda_graph_modes * num_sizes * ov.vllm_cuda_graph_bytes_per_graph + largest * per_token
     kv = budget - weights - activations - non_torch - graphs
     return VllmBudget(budget, weights, activations, non_torch, graphs, kv)

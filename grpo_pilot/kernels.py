@@ -1,0 +1,12 @@
+"""Kernel constants the engine runs with and the planner models: one home both sides import.
+
+- FUSED_LOGPROB_CHUNK_TOKENS: rows per chunk of our fused (chunked, recomputed in backward) log-prob
+  kernel (engine/algos/logprobs.py `chunked_token_logprobs`; planner/memory/logits.py sizes its buffers).
+- UNFUSED_CHUNK_ELEMENTS: our unfused log-prob path forms float32 logits this many elements at a time
+  (engine/algos/logprobs.py `logits_chunk_tokens`).
+"""
+
+from __future__ import annotations
+
+FUSED_LOGPROB_CHUNK_TOKENS = 1024
+UNFUSED_CHUNK_ELEMENTS = 1 << 24

@@ -1,0 +1,247 @@
+"""`MemoryContext`: everything the phase estimators share, derived once per estimate (estimate.py step 1).
+
+The layout (FSDP degree D over the training GPUs, colocated or split rollout pool), the element sizes
+of the executor and device, the executor's and device's traits, the sharded states of one rank, the
+overheads, the rollout engine's budget and what it leaves behind outside rollout, and the tokens per
+rank of one update and one log-prob micro-batch at the memory quantile of the workload's lengths
+(`lengths.py`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from grpo_pilot.hardware.cluster import Cluster
+from grpo_pilot.hardware.device_traits import DeviceTraits
+from grpo_pilot.planner.config import Knobs, Workload
+from grpo_pilot.planner.lengths import Lengths, lengths_of, micro_batch_tokens, response_share
+from grpo_pilot.planner.memory.activations import layer_activation_bytes_per_token
+from grpo_pilot.planner.memory.fsdp import gathered_layers_bytes, root_gathered_bytes
+from grpo_pilot.planner.memory.layout import Layout, layout_for
+from grpo_pilot.planner.memory.model_states import actor_state_bytes, sharded_bytes
+from grpo_pilot.planner.memory.precision import Precision, precision_for
+from grpo_pilot.planner.memory.tokens import budget_tokens_per_rank, fixed_tokens_per_rank, sequences_per_sp_group
+from grpo_pilot.planner.memory.vllm_budget import VllmBudget, VllmSettings, vllm_budget
+from grpo_pilot.planner.overheads import Overheads
+from grpo_pilot.planner.traits import ExecutorTraits
+from grpo_pilot.profiles.spec import ModelSpec
+
+
+class MemoryContext(NamedTuple):
+    """Everything the phase estimators share (module docstring)."""
+
+    model: ModelSpec
+    workload: Workload
+    knobs: Knobs
+    executor: ExecutorTraits
+    device: DeviceTraits
+    precision: Precision
+    layout: Layout
+    lengths: Lengths
+    sharded: bool  # parameters are sharded and gathered (false only for one process on cpu)
+    has_ref: bool
+    param_offload: bool
+    optimizer_offload: bool
+    ref_offload: bool
+    master_bytes: int  # one rank's shard of the actor's master parameters
+    grad_bytes: int
+    adam_bytes: int
+    ref_bytes: int
+    trainer_overheads: dict[str, int]
+    rollout_overheads: dict[str, int]
+    vllm: VllmBudget | None
+    rollout_leftovers: dict[str, int]  # what the rollout engine keeps allocated outside rollout
+    gathered_layers_bytes: int
+    root_gathered_bytes: int
+    layer_activation_bytes_per_token: int
+    update_tokens: int  # tokens per rank of one update micro-batch
+    log_prob_tokens: int  # tokens per rank of one log-prob micro-batch
+    response_share: float  # response share of a micro-batch's positions
+    device_bytes: int
+    overheads: Overheads
+
+
+def engine_start_resident_bytes(
+    knobs: Knobs, *, master_bytes: int, param_offload: bool, trainer_overheads: dict[str, int], split: bool
+) -> int:
+    """Trainer memory on a colocated GPU when the vLLM engine profiles (counted against its budget when
+    knobs.vllm_memory == 'device'): the actor's sharded parameters unless offloaded (verl fsdp_workers
+    .init_model builds and, with param_offload, offloads the actor before _build_rollout; optimizer states
+    are created lazily at the first step; the reference model is built after the rollout) and the
+    process's CUDA context, cuBLAS workspace and NCCL buffers."""
+    if knobs.vllm_memory != "device" or split:
+        return 0
+    return (0 if param_offload else master_bytes) + sum(trainer_overheads.values())
+
+
+def process_overheads(
+    overheads: Overheads, device: DeviceTraits, *, sharded: bool, ulysses_sp: int, split: bool
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(trainer process overheads, rollout-only GPU overheads) per device."""
+    if not device.caching_allocator:
+        rss = {"overhead_process_rss": overheads.cpu_process_rss_bytes}
+        return rss, dict(rss)
+    comms = (1 if sharded else 0) + (1 if ulysses_sp > 1 else 0) + (1 if split else 0)
+    base = {
+        "overhead_cuda_context": overheads.cuda_context_bytes,
+        "overhead_cublas_workspace": overheads.cublas_workspace_bytes,
+    }
+    trainer = {**base, "overhead_nccl": comms * overheads.nccl_bytes_per_communicator}
+    rollout = {**base, "overhead_nccl": overheads.nccl_bytes_per_communicator if split else 0}  # weight-sync group
+    return trainer, rollout
+
+
+def micro_batch_tokens_per_rank(
+    workload: Workload, knobs: Knobs, executor: ExecutorTraits, *, lengths: Lengths, trainer_gpus: int
+) -> tuple[int, int]:
+    """(update, log-prob) tokens per rank of one micro-batch, at the memory quantile of the lengths."""
+    sp = knobs.ulysses_sp
+    mini_seqs = sequences_per_sp_group(workload.mini_batch_prompts * workload.n, trainer_gpus, sp)
+    step_seqs = sequences_per_sp_group(workload.prompts_per_step * workload.n, trainer_gpus, sp)
+    population = step_seqs if executor.balances_batch else None
+
+    def packed(budget_tokens: int, available_seqs: int) -> int:
+        available = micro_batch_tokens(available_seqs, lengths, "remove", population=population)
+        return budget_tokens_per_rank(budget_tokens, lengths.seq_max, available, sp, executor.budget_scaled_by_sp)
+
+    def fixed(seqs: int, available_seqs: int) -> int:
+        count = min(seqs, available_seqs)
+        tokens = micro_batch_tokens(count, lengths, executor.padding, available_seqs, population=population)
+        return fixed_tokens_per_rank(tokens, sp)
+
+    if knobs.max_token_len_per_gpu is not None:
+        update = packed(knobs.max_token_len_per_gpu, mini_seqs)
+    else:
+        update = fixed(knobs.micro_batch_size_per_gpu or 1, mini_seqs)
+    if knobs.log_prob_micro_batch_size_per_gpu is not None:
+        log_prob = fixed(knobs.log_prob_micro_batch_size_per_gpu, step_seqs)
+    else:
+        log_prob = packed(knobs.log_prob_max_token_len_per_gpu, step_seqs)
+    return update, log_prob
+
+
+def rollout_engine(
+    model: ModelSpec,
+    knobs: Knobs,
+    *,
+    device: DeviceTraits,
+    device_bytes: int,
+    rollout_bytes: int,
+    overheads: Overheads,
+    preexisting_bytes: int,
+) -> VllmBudget | None:
+    """The vLLM engine's budget on one GPU (None for HF rollout on the policy itself)."""
+    if knobs.rollout_backend != "vllm":
+        return None
+    settings = VllmSettings(
+        utilization=knobs.gpu_memory_utilization,
+        tensor_parallel=knobs.rollout_tp,
+        max_num_batched_tokens=knobs.max_num_batched_tokens,
+        max_num_seqs=knobs.max_num_seqs,
+        cuda_graphs=device.cuda_graphs and not knobs.enforce_eager,
+        non_torch_buffers=device.caching_allocator,
+    )
+    return vllm_budget(
+        model=model,
+        settings=settings,
+        device_bytes=device_bytes,
+        weight_bytes=rollout_bytes,
+        overheads=overheads,
+        preexisting_bytes=preexisting_bytes,
+    )
+
+
+def rollout_leftovers(budget: VllmBudget | None, executor: ExecutorTraits, split: bool) -> dict[str, int]:
+    """What a colocated rollout engine keeps allocated during the training phases: verl and our engine free
+    weights and KV cache (sleep level 2; CUDA graphs and non-torch buffers stay); TRL colocate keeps
+    everything (`ExecutorTraits.keeps_rollout_engine`) except the profile run's activation peak."""
+    if budget is None or split:
+        return {}
+    kept = {"vllm_non_torch": budget.non_torch_bytes, "vllm_cuda_graphs": budget.cuda_graph_bytes}
+    if executor.keeps_rollout_engine:
+        kept.update(vllm_weights=budget.weights_bytes, vllm_kv_cache=budget.kv_cache_bytes)
+    return kept
+
+
+def memory_context(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    knobs: Knobs,
+    *,
+    executor: ExecutorTraits,
+    overheads: Overheads,
+) -> MemoryContext:
+    """Derive the shared quantities once (module docstring)."""
+    device = cluster.device
+    prec = precision_for(executor, device)
+    lay = layout_for(cluster.num_nodes, cluster.gpus_per_node, knobs.placement, knobs.split_rollout_gpus_per_node)
+    sharded = device.shards_alone or lay.trainer_gpus > 1
+    lengths = lengths_of(workload)
+    device_bytes = cluster.device_memory_bytes
+    # offload is meaningless on the cpu pseudo-device: host RAM is the device
+    p_off = knobs.param_offload and device.offload_meaningful
+    has_ref = workload.use_kl_loss
+    master, grads, adam = actor_state_bytes(
+        model.num_params, lay.trainer_gpus, prec.master_bytes, prec.grad_bytes, prec.adam_bytes
+    )
+    trainer_oh, rollout_oh = process_overheads(
+        overheads, device, sharded=lay.trainer_gpus > 1, ulysses_sp=knobs.ulysses_sp, split=lay.split
+    )
+    preexisting = engine_start_resident_bytes(
+        knobs, master_bytes=master, param_offload=p_off, trainer_overheads=trainer_oh, split=lay.split
+    )
+    budget = rollout_engine(
+        model,
+        knobs,
+        device=device,
+        device_bytes=device_bytes,
+        rollout_bytes=prec.rollout_bytes,
+        overheads=overheads,
+        preexisting_bytes=preexisting,
+    )
+    update_tokens, log_prob_tokens = micro_batch_tokens_per_rank(
+        workload, knobs, executor, lengths=lengths, trainer_gpus=lay.trainer_gpus
+    )
+    return MemoryContext(
+        model=model,
+        workload=workload,
+        knobs=knobs,
+        executor=executor,
+        device=device,
+        precision=prec,
+        layout=lay,
+        lengths=lengths,
+        sharded=sharded,
+        has_ref=has_ref,
+        param_offload=p_off,
+        optimizer_offload=knobs.optimizer_offload and device.offload_meaningful,
+        ref_offload=knobs.ref_param_offload and device.offload_meaningful,
+        master_bytes=master,
+        grad_bytes=grads,
+        adam_bytes=adam,
+        ref_bytes=sharded_bytes(model.num_params, prec.ref_bytes, lay.trainer_gpus) if has_ref else 0,
+        trainer_overheads=trainer_oh,
+        rollout_overheads=rollout_oh,
+        vllm=budget,
+        rollout_leftovers=rollout_leftovers(budget, executor, lay.split),
+        gathered_layers_bytes=gathered_layers_bytes(model.params_per_layer, prec.compute_bytes, unsharded=not sharded),
+        root_gathered_bytes=root_gathered_bytes(
+            model.embedding_params, model.lm_head_params, prec.compute_bytes, unsharded=not sharded
+        ),
+        layer_activation_bytes_per_token=layer_activation_bytes_per_token(
+            model.hidden_size,
+            model.q_dim,
+            model.kv_dim,
+            model.intermediate_size,
+            model.num_attention_heads,
+            prec.compute_bytes,
+            qk_norm=model.qk_norm,
+            num_kv_heads=model.num_kv_heads,
+        ),
+        update_tokens=update_tokens,
+        log_prob_tokens=log_prob_tokens,
+        response_share=response_share(lengths),
+        device_bytes=device_bytes,
+        overheads=overheads,
+    )
