@@ -13,8 +13,6 @@ themselves (DESIGN.md "One home per fact"):
   process RSS is what counts.
 - host_executes_ops: the thread that dispatches ops also runs them (CPU), so dispatch and compute add;
   a GPU runs queued kernels while the host dispatches the next (CUDA semantics: asynchronous execution).
-- shards_alone: one process shards its parameters like FSDP even without peers (a GPU plan models
-  FSDP with one rank); one cpu process uses the parameters in place.
 - unit: what one "device" is called in tables and plots ('GPU' or 'process').
 """
 
@@ -32,7 +30,6 @@ class DeviceTraits(NamedTuple):
     cuda_graphs: bool
     caching_allocator: bool
     host_executes_ops: bool
-    shards_alone: bool
     unit: str
 
 
@@ -43,7 +40,6 @@ GPU_TRAITS = DeviceTraits(
     cuda_graphs=True,
     caching_allocator=True,
     host_executes_ops=False,
-    shards_alone=True,
     unit="GPU",
 )
 CPU_TRAITS = DeviceTraits(
@@ -53,7 +49,6 @@ CPU_TRAITS = DeviceTraits(
     cuda_graphs=False,
     caching_allocator=False,
     host_executes_ops=True,
-    shards_alone=False,
     unit="process",
 )
 

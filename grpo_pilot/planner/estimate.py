@@ -169,6 +169,7 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
         c,
     )
     work = {
+        "autocast_weight_cache": ctx.policy_cast_bytes,  # the decode loop runs the policy under autocast
         "gathered_layers": ctx.gathered_layers_bytes,
         "root_embed_lm_head": ctx.root_gathered_bytes,
         "hf_kv_cache": gen.kv_cache_bytes,
@@ -211,6 +212,7 @@ def log_prob_memory(ctx: MemoryContext) -> dict[str, int]:
             embedding_output=c * m.hidden_size * t,
             logits=_logits_bytes(ctx, t, training=False, entropy=entropy),
             all_to_all=all_to_all_buffer_bytes(t, m.q_dim, m.kv_dim, c, ctx.knobs.ulysses_sp),
+            weight_casts=ctx.ref_cast_bytes if ref_pass else ctx.policy_cast_bytes,
         )
         return finish(
             ctx, {**resident(ctx, "log_prob", ref_pass), **work}, ctx.rollout_leftovers, ctx.trainer_overheads
@@ -259,6 +261,7 @@ def update_memory(ctx: MemoryContext) -> dict[str, int]:
         ),
         all_to_all=all_to_all_buffer_bytes(t, m.q_dim, m.kv_dim, c, k.ulysses_sp),
         optimizer_step=_optimizer_step_bytes(ctx),
+        weight_casts=ctx.policy_cast_bytes,
     )
     return finish(ctx, {**resident(ctx, "update"), **work}, ctx.rollout_leftovers, ctx.trainer_overheads)
 

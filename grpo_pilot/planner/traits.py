@@ -37,6 +37,11 @@ the executor behaviour it stands for and the source where it was read:
   fp32 by default.
 - logits_kernel: which log-prob implementation's memory and traffic apply (`memory/logits.py`): our
   engine's, verl's (flash-attn cross-entropy / FusedLinearForPPO) or TRL's always-fused chunked head.
+- fsdp_on_one_rank: verl wraps actor and reference in FSDP even on one GPU (fsdp_workers builds the FSDP
+  module whatever the world size); our engine shards only over several ranks or to offload (engine/actor.py
+  `sharded = world_size > 1 or settings.offload`) and TRL only under accelerate's FSDP / ZeRO-3 on several
+  processes: one rank runs the plain module, its fp32 weights cast to bf16 by autocast
+  (`memory/autocast.py`).
 - missing_knobs: knobs the executor has no setting for, which the search must not move (they keep
   `Knobs()` defaults): our engine refuses Ulysses SP (engine/assemble.py); TRL's GRPOConfig has no
   reference offload (the reference stays on the GPU), no Ulysses SP, no log-prob kernel switch (its head
@@ -67,6 +72,7 @@ class ExecutorTraits(NamedTuple):
     ref_bytes: int  # reference parameters on a GPU
     logits_kernel: LogitsKernel
     missing_knobs: frozenset[str] = frozenset()
+    fsdp_on_one_rank: bool = False
     fused_adamw_on_cpu: bool = False
     balances_batch: bool = False
 
@@ -105,6 +111,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         update_entropy_metric=False,
         ref_bytes=BF16_BYTES,
         logits_kernel="verl",
+        fsdp_on_one_rank=True,
         balances_batch=True,
     ),
     "trl": ExecutorTraits(

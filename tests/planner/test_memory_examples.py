@@ -259,6 +259,7 @@ def test_log_prob_moments_pick_the_largest() -> None:
     # few tokens: the first layer's unshard, where the root is held twice
     at_unshard = log_prob_peak_items(layer_forward=10, logits=10, **kw)
     assert at_unshard == {
+        "autocast_weight_cache": 0,
         "root_embed_lm_head": 200,
         "gathered_layers": 20,
         "activations": 3,

@@ -16,6 +16,7 @@ from grpo_pilot.hardware.device_traits import DeviceTraits
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.lengths import Lengths, lengths_of, micro_batch_tokens, response_share
 from grpo_pilot.planner.memory.activations import layer_activation_bytes_per_token
+from grpo_pilot.planner.memory.autocast import autocast_weight_cache_bytes
 from grpo_pilot.planner.memory.fsdp import gathered_layers_bytes, root_gathered_bytes
 from grpo_pilot.planner.memory.layout import Layout, layout_for
 from grpo_pilot.planner.memory.model_states import actor_state_bytes, sharded_bytes
@@ -38,7 +39,9 @@ class MemoryContext(NamedTuple):
     precision: Precision
     layout: Layout
     lengths: Lengths
-    sharded: bool  # parameters are sharded and gathered (false only for one process on cpu)
+    sharded: bool  # parameters are sharded and gathered (false: one rank using them in place)
+    policy_cast_bytes: int  # autocast's bf16 copies of the policy's weights during its passes (unsharded)
+    ref_cast_bytes: int  # the same for the reference model
     has_ref: bool
     param_offload: bool
     optimizer_offload: bool
@@ -176,11 +179,12 @@ def memory_context(
     device = cluster.device
     prec = precision_for(executor, device)
     lay = layout_for(cluster.num_nodes, cluster.gpus_per_node, knobs.placement, knobs.split_rollout_gpus_per_node)
-    sharded = device.shards_alone or lay.trainer_gpus > 1
     lengths = lengths_of(workload)
     device_bytes = cluster.device_memory_bytes
     # offload is meaningless on the cpu pseudo-device: host RAM is the device
     p_off = knobs.param_offload and device.offload_meaningful
+    offload = p_off or (knobs.optimizer_offload and device.offload_meaningful)
+    sharded = lay.trainer_gpus > 1 or (device.caching_allocator and (executor.fsdp_on_one_rank or offload))
     has_ref = workload.use_kl_loss
     master, grads, adam = actor_state_bytes(
         model.num_params, lay.trainer_gpus, prec.master_bytes, prec.grad_bytes, prec.adam_bytes
@@ -213,6 +217,14 @@ def memory_context(
         layout=lay,
         lengths=lengths,
         sharded=sharded,
+        policy_cast_bytes=autocast_weight_cache_bytes(
+            model.num_params, weight_bytes=prec.master_bytes, compute_bytes=prec.compute_bytes, sharded=sharded
+        ),
+        ref_cast_bytes=autocast_weight_cache_bytes(
+            model.num_params, weight_bytes=prec.ref_bytes, compute_bytes=prec.compute_bytes, sharded=sharded
+        )
+        if has_ref
+        else 0,
         has_ref=has_ref,
         param_offload=p_off,
         optimizer_offload=knobs.optimizer_offload and device.offload_meaningful,

@@ -26,6 +26,7 @@ set; the items of the winning moment are the ones that are live at the phase's p
 from __future__ import annotations
 
 UPDATE_ITEMS = (
+    "autocast_weight_cache",
     "root_embed_lm_head",
     "gathered_layers",
     "activations",
@@ -37,7 +38,14 @@ UPDATE_ITEMS = (
     "ulysses_all_to_all",
     "optimizer_step_temporaries",
 )
-LOG_PROB_ITEMS = ("root_embed_lm_head", "gathered_layers", "activations", "logits", "ulysses_all_to_all")
+LOG_PROB_ITEMS = (
+    "autocast_weight_cache",
+    "root_embed_lm_head",
+    "gathered_layers",
+    "activations",
+    "logits",
+    "ulysses_all_to_all",
+)
 
 
 def _largest(moments: list[dict[str, int]], names: tuple[str, ...]) -> dict[str, int]:
@@ -62,12 +70,16 @@ def update_peak_items(
     layer_reduce_scatter: int,
     all_to_all: int,
     optimizer_step: int,
+    weight_casts: int = 0,
 ) -> dict[str, int]:
     """Working-set items at the update's peak moment (see module docstring). `saved_activations` includes
     `head_side_activations` (the final norm's saved tensors, part of it); `prefetched_layer` is one
     gathered layer (the backward prefetch at the logits moment). Traced with verify/traced.py through
-    the engine's actor (Qwen2.5-1.5B/7B, 16k tokens): per-module backward peaks of FSDPMemTracker."""
+    the engine's actor (Qwen2.5-1.5B/7B, 16k tokens): per-module backward peaks of FSDPMemTracker.
+    `weight_casts`: autocast's bf16 weight copies of an unsharded rank (`memory/autocast.py`), held by
+    autograd from the forward through the backward: in the logits and layer moments."""
     logits_moment = {
+        "autocast_weight_cache": weight_casts,
         "root_embed_lm_head": root_gathered,
         "gathered_layers": prefetched_layer,
         "activations": saved_activations,
@@ -75,6 +87,7 @@ def update_peak_items(
         "ulysses_all_to_all": all_to_all,
     }
     layer_moment = {
+        "autocast_weight_cache": weight_casts,
         "root_embed_lm_head": root_gathered,
         "gathered_layers": gathered_layers,
         "activations": saved_activations - head_side_activations,
@@ -101,6 +114,7 @@ def log_prob_peak_items(
     logits: int,
     all_to_all: int,
     embedding_output: int,
+    weight_casts: int = 0,
 ) -> dict[str, int]:
     """Working-set items at a forward-only pass's peak: inside a layer, at the logits, or at the first
     layer's unshard.
@@ -111,15 +125,23 @@ def log_prob_peak_items(
     while layer 0 is all-gathered and copied out the root is held twice (its unsharded params and its
     all-gather output, 2·root_gathered), layer 0 twice (all-gather output and unsharded copy, the
     `gathered_layers` pair) and the embedding output. It is the peak when few tokens pass (short rows,
-    small log-prob micro-batches) and the root is large (big vocabularies)."""
+    small log-prob micro-batches) and the root is large (big vocabularies). `weight_casts`: autocast's
+    bf16 weight copies of an unsharded rank, all made by the logits (counted whole in every moment)."""
     layer_moment = {
+        "autocast_weight_cache": weight_casts,
         "root_embed_lm_head": root_gathered,
         "gathered_layers": gathered_layers,
         "activations": layer_forward,
         "ulysses_all_to_all": all_to_all,
     }
-    logits_moment = {"root_embed_lm_head": root_gathered, "activations": head_side, "logits": logits}
+    logits_moment = {
+        "autocast_weight_cache": weight_casts,
+        "root_embed_lm_head": root_gathered,
+        "activations": head_side,
+        "logits": logits,
+    }
     unshard_moment = {
+        "autocast_weight_cache": weight_casts,
         "root_embed_lm_head": 2 * root_gathered,
         "gathered_layers": gathered_layers,
         "activations": embedding_output,
