@@ -48,7 +48,7 @@ def megatron_tp_comm_bytes_per_layer(tokens: int, hidden: int, compute_bytes: in
     return TP_RING_OPS_PER_LAYER_PASS * (tp - 1) / tp * compute_bytes * tokens * hidden
 
 
-def megatron_tp_comm_s(tokens: int, hidden: int, compute_bytes: int, tp: int, link_bytes_per_s: float) -> float:
+def megatron_tp_comm_s(tokens: int, hidden: int, compute_bytes: int, tp: int, *, link_bytes_per_s: float) -> float:
     """Per layer per pass TP collective time (not overlapped with compute in Megatron's default)."""
     per_op = compute_bytes * tokens * hidden
     return TP_RING_OPS_PER_LAYER_PASS * ring_time_s(per_op, tp, link_bytes_per_s)

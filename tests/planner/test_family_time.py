@@ -28,7 +28,7 @@ def test_tp_comm() -> None:
     assert megatron_tp_comm_bytes_per_layer(1000, 4096, 2, 1) == 0.0
     assert megatron_tp_comm_bytes_per_layer(1000, 4096, 2, 4) == pytest.approx(4 * 0.75 * 2 * 1000 * 4096)
     bw = 100e9
-    assert megatron_tp_comm_s(1000, 4096, 2, 4, bw) == pytest.approx(
+    assert megatron_tp_comm_s(1000, 4096, 2, 4, link_bytes_per_s=bw) == pytest.approx(
         megatron_tp_comm_bytes_per_layer(1000, 4096, 2, 4) / bw
     )
 

@@ -244,7 +244,7 @@ def test_pp1_logits_differ_from_megatron_output_term_by_verls_bf16_copy() -> Non
     # bf16 logits beside the fp32 copy `vocab_parallel_cross_entropy` makes: (2 + 4) per element.
     m = spec("qwen2.5-7b")
     t, seq = 2, 4096
-    ours = megatron_logits_bytes(seq, m.vocab_size, m.hidden_size, t, 2, training=True)
+    ours = megatron_logits_bytes(seq, m.vocab_size, m.hidden_size, t, compute_bytes=2, training=True)
     theirs = seq * m.vocab_size * 4 / t
     assert ours - theirs == seq * m.vocab_size * 2 / t
 
@@ -421,15 +421,15 @@ def test_verl_offload_loads_states_back_per_phase() -> None:
 
 def test_logits_variants() -> None:
     T, V, h = 1000, 1024, 64
-    plain = megatron_logits_bytes(T, V, h, 1, 2, training=True)
+    plain = megatron_logits_bytes(T, V, h, 1, compute_bytes=2, training=True)
     assert plain == T * V * 6
-    assert megatron_logits_bytes(T, V, h, 4, 2, training=True) == T * V // 4 * 6
-    assert megatron_logits_bytes(T, V, h, 1, 2, training=False, entropy=True) == T * V * 10
-    assert megatron_logits_bytes(T, V, h, 1, 2, training=True, entropy=True) == T * V * 12
-    fused = megatron_logits_bytes(T, V, h, 1, 2, training=False, fused=True)
+    assert megatron_logits_bytes(T, V, h, 4, compute_bytes=2, training=True) == T * V // 4 * 6
+    assert megatron_logits_bytes(T, V, h, 1, compute_bytes=2, training=False, entropy=True) == T * V * 10
+    assert megatron_logits_bytes(T, V, h, 1, compute_bytes=2, training=True, entropy=True) == T * V * 12
+    fused = megatron_logits_bytes(T, V, h, 1, compute_bytes=2, training=False, fused=True)
     assert fused == T * (20 + 12 * 1)
-    assert megatron_logits_bytes(0, V, h, 1, 2, training=True) == 0
-    assert megatron_logits_bytes(2 * T, V, h, 1, 2, training=True) > plain
+    assert megatron_logits_bytes(0, V, h, 1, compute_bytes=2, training=True) == 0
+    assert megatron_logits_bytes(2 * T, V, h, 1, compute_bytes=2, training=True) > plain
 
 
 def test_update_peak_items_pick_the_larger_moment_and_sum() -> None:

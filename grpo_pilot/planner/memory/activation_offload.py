@@ -37,11 +37,14 @@ def power_of_two_ceil(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
-def hf_layer_saved_tensor_bytes(hidden: int, q_dim: int, intermediate: int, num_heads: int, c: int) -> tuple[int, ...]:
+def hf_layer_saved_tensor_bytes(
+    hidden: int, q_dim: int, intermediate: int, num_heads: int, *, compute_bytes: int
+) -> tuple[int, ...]:
     """Per-token bytes of each tensor an HF decoder layer saves (the split of `activations.py`'s traced
     16h + 8·q + 8I + 4a + 8 at c = 2): eight hidden-sized, four query-sized (rotated q, k and v as SDPA
     saves them, the attention output), four intermediate-sized (gate, up, SiLU, product), the fp32
     log-sum-exp, eight bytes of bookkeeping."""
+    c = compute_bytes
     return (c * hidden,) * 8 + (c * q_dim,) * 4 + (c * intermediate,) * 4 + (4 * num_heads, 8)
 
 

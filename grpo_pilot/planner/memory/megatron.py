@@ -39,6 +39,16 @@ verl's offload (verl/workers/megatron_workers.py and verl/utils/megatron_utils.p
   moves them to host memory (`param.data.to("cpu")`, not pinned) between its passes. With LoRA
   (`model.lora.rank > 0` via Megatron-Bridge) there is no reference module: `compute_ref_log_prob` runs
   the actor with its adapters disabled (`peft_cls.disable_adapter`, megatron_workers.py L838–L870).
+- micro-batches (workers/actor/megatron_actor.py b178a3cd L435–L460): with `use_dynamic_bsz` a mini-batch
+  is packed into micro-batches of at most `ppo_max_token_len_per_gpu × context_parallel_size` tokens
+  (`rearrange_micro_batches`; with VPP their number is made a multiple of
+  `microbatch_group_size_per_vp_stage`), otherwise split into `ppo_micro_batch_size_per_gpu` sequences;
+  all of a mini-batch's micro-batches go through one `forward_backward_func` call (the pipeline's m).
+  Sequences are packed in THD format without padding (`megatron.use_remove_padding: True`).
+- `use_fused_kernels` swaps the output layer + log-prob for verl's fused linear-cross-entropy kernel
+  (models/mcore/model_forward_fused.py; memory in megatron_activations.py).
+- `use_dist_checkpointing` only changes how weights are loaded (`load_mcore_dist_weights` instead of the
+  HF bridge); it leaves the steady-state memory alone.
 """
 
 from __future__ import annotations
