@@ -18,4 +18,14 @@ Modules (each returns integer bytes; the orchestrator `planner/estimate.py` comb
 - `hf_generate`    — rollout with transformers `generate` on the policy itself.
 - `weight_sync`    — largest gathered tensor and the transfer bucket.
 - `host`           — host RAM per node.
+
+Launch families (issue 14; not yet wired into `estimate.py`, see docs/families.md):
+- `shape`          — `TransformerShape`, the architecture numbers the family leaves share.
+- `megatron`       — Megatron-Core per-rank states (TP×PP×EP, distributed optimizer) and verl's offload.
+- `megatron_activations` — per-stage activations (1F1B / VPP in flight, SP, CP, recompute), logits.
+- `lora`           — adapters, frozen (quantized) base, activation delta, dequantization, reference.
+- `lora_rollout`   — vLLM LoRA slots and verl's adapter sync.
+- `sglang_budget`  — SGLang's mem_fraction_static budget (a fraction of the free memory).
+- `activation_offload` — verl's activation offload to pinned host memory.
+- `critic`         — PPO critic, GAE host buffers, reward model.
 """
