@@ -66,7 +66,7 @@ def test_critic_passes_have_no_vocab_logits() -> None:
     assert set(upd) == set(UPDATE_ITEMS)
     assert upd["logits"] <= value_head_bytes(T, 2, training=True)
     # the value head replaces verl's vocab logits (2c·T·V in training): thousands of times smaller
-    verl_logits = logprob_logits_bytes(T, shape.vocab, shape.hidden, 2, "verl", training=True, fused=False)
+    verl_logits = logprob_logits_bytes(T, shape.vocab, shape.hidden, 2, kernel="verl", training=True, fused=False)
     assert 1000 * value_head_bytes(T, 2, training=True) < verl_logits
     more = critic_update_items(shape, 2 * T, 2, 8, checkpointing=True, optimizer_offload=False)
     assert sum(more.values()) > sum(upd.values())

@@ -122,7 +122,7 @@ def critic_values_items(shape: TransformerShape, tokens: int, compute_bytes: int
     root = c * (shape.embedding_params + h + 1)
     return log_prob_peak_items(
         root_gathered=root,
-        gathered_layers=gathered_layers_bytes(shape.params_per_layer, c, False),
+        gathered_layers=gathered_layers_bytes(shape.params_per_layer, c, unsharded=False),
         layer_forward=forward_activation_bytes(tokens, h, shape.ffn, c, 0, 0),
         head_side=2 * c * h * tokens,
         logits=value_head_bytes(tokens, c, training=False),
@@ -145,12 +145,14 @@ def critic_update_items(
     c, h = compute_bytes, shape.hidden
     head = h + 1
     per_layer = _per_layer_per_token(shape, c)
-    root_grads, root_rs = root_grad_bytes(shape.embedding_params, head, c, FP32_BYTES, False)
+    root_grads, root_rs = root_grad_bytes(
+        shape.embedding_params, head, compute_bytes=c, reduce_bytes=FP32_BYTES, unsharded=False
+    )
     largest = max(shape.embedding_params, h * shape.ffn, h * shape.q_dim)
     return update_peak_items(
         root_gathered=c * (shape.embedding_params + head),
         root_tied=False,
-        gathered_layers=gathered_layers_bytes(shape.params_per_layer, c, False),
+        gathered_layers=gathered_layers_bytes(shape.params_per_layer, c, unsharded=False),
         saved_activations=saved_activation_bytes(tokens, shape.num_layers, per_layer, 0, 0, h, c, checkpointing),
         head_side_activations=head_side_activation_bytes(tokens, h, c),
         prefetched_layer=c * shape.params_per_layer,
@@ -160,11 +162,13 @@ def critic_update_items(
         head_grad=c * head,
         root_grads=root_grads,
         root_reduce_scatter=root_rs,
-        layer_reduce_scatter=layer_reduce_scatter_bytes(shape.params_per_layer, FP32_BYTES, False),
+        layer_reduce_scatter=layer_reduce_scatter_bytes(shape.params_per_layer, FP32_BYTES, unsharded=False),
         all_to_all=0,
         optimizer_step=adam_step_temporary_bytes(
-            -(-critic_params(shape) // shard_degree), largest, optimizer_offload, False
-        ),
+            -(-critic_params(shape) // shard_degree), largest, on_host=False, single_tensor=False
+        )
+        if not optimizer_offload
+        else 0,
     )
 
 
