@@ -12,14 +12,20 @@ for another GPU or other versions does not get it.
 
 Where the planner looks: `grpo-plan --calibration FILE`; else the default location
 `$GRPO_PILOT_CALIBRATION_DIR/<plan GPU>.json` (the directory defaults to
-`~/.cache/grpo-pilot/calibration`), read when present. This module is pure apart from `load_calibration`
-and `save_calibration` (file IO at the edge); it never imports torch.
+`~/.cache/grpo-pilot/calibration`), read when present; else the calibrations packaged with grpo-pilot
+(`planner/calibrations/<GPU>.json`, fitted from real GPU runs: `tuner/measured_runs.py`), whatever the
+software versions: for their own GPU whole, for any other GPU only their host-side constants
+(`time_coefficients.HOST_SIDE_FIELDS`: the host's op dispatch, which does not depend on the GPU) while the
+device's rates stay the published ones (the MAMF table, datasheets) — `PlanInputs.constant_sources` says
+which is which for a plan (its provenance records it). `--no-calibration` uses none. This module is pure apart from `load_calibration`,
+`save_calibration` and reading the packaged files (file IO at the edge); it never imports torch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, ValidationError
@@ -31,13 +37,15 @@ from grpo_pilot.planner.evaluate import PlanInputs
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.planner.recheck import plan_inputs
-from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, TimeCoefficients
+from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, HOST_SIDE_FIELDS, TimeCoefficients
 
 CALIBRATION_SCHEMA = 1
 CALIBRATION_DIR_ENV = "GRPO_PILOT_CALIBRATION_DIR"
 DEFAULT_CALIBRATION_DIR = Path("~/.cache/grpo-pilot/calibration")
 # Software whose versions a calibration must match (each one it recorded as installed).
 MATCHED_COMPONENTS = ("torch", "transformers", "vllm")
+PACKAGED_DIR = Path(__file__).resolve().parent / "calibrations"
+PACKAGED_PREFIX = "packaged:"
 
 
 class FittedValue(Frozen):
@@ -165,6 +173,37 @@ def calibrated(inputs: PlanInputs, calibration: Calibration, path: str | Path | 
     )
 
 
+@lru_cache(maxsize=1)
+def packaged_calibrations() -> dict[str, Calibration]:
+    """The calibrations shipped with grpo-pilot, by plan GPU."""
+    return {cal.plan_gpu: cal for cal in (load_calibration(p) for p in sorted(PACKAGED_DIR.glob("*.json")))}
+
+
+def host_side_only(calibration: Calibration) -> Calibration:
+    """`calibration` with only its host-side time constants kept (the analytic defaults elsewhere)."""
+    host = {name: getattr(calibration.time_coefficients, name) for name in HOST_SIDE_FIELDS}
+    return calibration.model_copy(
+        update={
+            "name": f"{calibration.name} (host-side constants only)",
+            "overheads": DEFAULT_OVERHEADS,
+            "time_coefficients": DEFAULT_TIME_COEFFICIENTS.model_copy(update=host),
+        }
+    )
+
+
+def packaged_for(plan_gpu: str) -> tuple[Calibration, str] | None:
+    """The packaged calibration for `plan_gpu` (whole), or the host-side part of one measured on another
+    GPU; with the pseudo-path the plan's provenance records. None on the cpu pseudo-device (its host is
+    the device: grpo-tune calibrates it) or when none is packaged."""
+    packaged = packaged_calibrations()
+    if plan_gpu == "cpu" or not packaged:
+        return None
+    if plan_gpu in packaged:
+        return packaged[plan_gpu], f"{PACKAGED_PREFIX}{plan_gpu}"
+    source_gpu = sorted(packaged)[0]
+    return host_side_only(packaged[source_gpu]), f"{PACKAGED_PREFIX}{source_gpu}:host"
+
+
 def choose_calibration(
     inputs: PlanInputs,
     path: str | Path | None,
@@ -193,7 +232,11 @@ def choose_calibration(
         return inputs, None
     default = default_calibration_path(gpu, environ)
     if not default.is_file():
-        return inputs, None
+        packaged = packaged_for(gpu)
+        if packaged is None:
+            return inputs, None
+        cal, where = packaged
+        return calibrated(inputs, cal, where), f"calibration '{cal.name}' applied (packaged with grpo-pilot)"
     try:
         cal = load_calibration(default)
     except InputError as exc:
@@ -214,6 +257,9 @@ def inputs_of_plan(plan: Plan) -> PlanInputs:
     path = plan.provenance.calibration_file
     if plan.provenance.calibration is None or path is None:
         return inputs
+    if path.startswith(PACKAGED_PREFIX):
+        packaged = packaged_for(plan.cluster.gpu.name)
+        return calibrated(inputs, *packaged) if packaged else inputs
     try:
         return calibrated(inputs, load_calibration(path), path)
     except InputError:

@@ -76,14 +76,34 @@ class PlanInputs(Frozen):
     )
 
     def provenance(self, **search: int | None) -> Provenance:
-        """The plan's provenance: the calibration applied (if any) and the search's counters."""
+        """The plan's provenance: the calibration applied (if any), where each constant comes from, and
+        the search's counters."""
         return Provenance(
             calibration=self.calibration,
             calibration_file=self.calibration_file,
             calibration_versions=dict(self.calibration_versions) if self.calibration else None,
             calibration_skipped=self.calibration_skipped,
+            constant_sources=self.constant_sources(),
             **search,  # type: ignore[arg-type]
         )
+
+    def constant_sources(self) -> dict[str, str]:
+        """Where each time constant and the CUDA context come from: 'measured (<calibration>)' for what the
+        applied calibration changed, 'scaled (MAMF table)' for the per-GPU matmul efficiency of a measured
+        GPU, 'analytic' (the documented default with its source) for the rest."""
+        coef, gpu = self.time_coefficients, self.cluster.gpu.name
+        sources = {name: "analytic" for name in TimeCoefficients.model_fields}
+        if any(name == gpu for name, _ in coef.matmul_efficiency_by_gpu):
+            sources["matmul_efficiency_by_gpu"] = "scaled (MAMF table)"
+        sources["cuda_context_bytes"] = "analytic"
+        if self.calibration is None:
+            return sources
+        for name in TimeCoefficients.model_fields:
+            if getattr(coef, name) != getattr(DEFAULT_TIME_COEFFICIENTS, name):
+                sources[name] = f"measured ({self.calibration})"
+        if self.overheads.cuda_context_bytes != DEFAULT_OVERHEADS.cuda_context_bytes:
+            sources["cuda_context_bytes"] = f"measured ({self.calibration})"
+        return sources
 
     @property
     def device_bytes(self) -> int:

@@ -58,6 +58,11 @@ class Provenance(Frozen):
     calibration_skipped: str | None = Field(
         default=None, description="A calibration file found but not applied, and why (other GPU or software)."
     )
+    constant_sources: dict[str, str] | None = Field(
+        default=None,
+        description="Where each time constant and the CUDA context come from: measured (which calibration), "
+        "scaled (a per-GPU table) or analytic (a documented default).",
+    )
     search_trials: int = Field(default=0, ge=0, description="Optuna trials evaluated (0 = every knob pinned).")
     search_seed: int | None = Field(default=None, description="Sampler seed.")
     feasible_trials: int = Field(default=0, ge=0, description="Trials that satisfied every constraint.")

@@ -21,7 +21,10 @@ are split evenly over the replicas.
     latency + bytes over the link;
   * the engine's CPU time (V0: a fixed part and a part per running sequence; V1 overlaps it), the
     eager-mode kernel dispatch when CUDA graphs are off, and for HF generate on an FSDP policy the
-    all-gather of every weight.
+    all-gather of every weight. HF decode loops (our engine's `hf` backend, TRL without vLLM) run eagerly
+    and read the sampled tokens back every step: each step costs the host's dispatch of every layer's
+    ops plus the step's own (embedding, sampling, stop checks), added to the device's work
+    (`TimeCoefficients.hf_decode_s_per_layer`, `hf_decode_s_per_step`).
 Every efficiency comes from `TimeCoefficients`.
 """
 
@@ -100,7 +103,10 @@ def rollout_breakdown(
     rollout_bytes = rollout_element_bytes(cluster.device)
     total_params, active_params = param_counts(spec)
     weight_bytes = rollout_bytes * total_params / tp
-    eager_s = coef.eager_launch_s_per_layer * spec.num_layers if (hf or knobs.enforce_eager) else 0.0
+    if hf:  # the eager HF decode loop: host dispatch per layer and per step, a readback every step
+        eager_s = coef.hf_decode_s_per_layer * spec.num_layers + coef.hf_decode_s_per_step
+    else:
+        eager_s = coef.eager_launch_s_per_layer * spec.num_layers if knobs.enforce_eager else 0.0
     v0 = not hf and knobs.vllm_engine == "v0"
     engine_s = 0.0 if hf else (coef.vllm_v0_step_overhead_s if v0 else coef.vllm_v1_step_overhead_s)
     seq_step_s = coef.vllm_v0_seq_step_overhead_s if v0 else 0.0

@@ -38,6 +38,17 @@ MAMF_EFFICIENCY: dict[str, float] = {
 }
 
 
+# Kernel-launching aten ops of a Qwen2 decoder layer (TorchDispatchMode trace of transformers 5.19 on torch 2.13,
+# SDPA, bf16; views excluded): 40 per KV-cached decode step, 38 per training forward, 74 per backward; 63 per
+# sampled decode step outside the layers. Host cost per eager op: ~8 µs to issue a CUDA op from Python on an
+# A100 host (flagos-ai/Torch-FL#27: `add` on 512² tensors issued back to back), consistent with PyTorch's
+# "~5-10 µs per op" dispatch figures (pytorch/pytorch#41383).
+HOST_S_PER_OP = 8e-6
+HF_DECODE_OPS_PER_LAYER = 40
+HF_DECODE_OPS_PER_STEP = 63
+EAGER_OPS_PER_LAYER_PASS = (38 + 74) / 3
+
+
 class TimeCoefficients(Frozen):
     """Efficiencies (fractions of datasheet peaks) and rates of the step-time model, with their sources."""
 
@@ -112,14 +123,29 @@ class TimeCoefficients(Frozen):
         description="Kernel-dispatch time per decoder layer per forward without CUDA graphs.",
     )
     train_dispatch_s_per_layer_pass: float = Field(
-        default=3.3e-3 / 32,
+        default=EAGER_OPS_PER_LAYER_PASS * HOST_S_PER_OP,
         ge=0.0,
-        # The same measurement as eager_launch_s_per_layer (cloudai.pt: 3.3 ms of eager dispatch over 32
-        # layers of a Llama-3.1-8B forward on H100): training passes dispatch each layer's ops eagerly.
-        # Kept apart from the decode value because a training micro-batch also dispatches the loss, the
-        # log-probs and the backward's bookkeeping, which calibration measures (grpo-tune).
+        # A Qwen2 layer dispatches 38 kernel-launching ops in a training forward and 74 in its backward
+        # (traced op count, torch 2.13 / transformers 5.19, SDPA, bf16: 112 ops over the 3 passes the
+        # update counts, ~37 per pass) at HOST_S_PER_OP each. The packaged H200 calibration measures it on
+        # a real GPU host (planner/calibrations/).
         description="Host op-dispatch time per decoder layer per training pass (forward, backward, recompute) "
         "of one micro-batch.",
+    )
+    hf_decode_s_per_layer: float = Field(
+        default=HF_DECODE_OPS_PER_LAYER * HOST_S_PER_OP,
+        ge=0.0,
+        # A Qwen2 decoder layer launches 40 ops per decode step with a KV cache (traced op count, as above);
+        # an eager HF decode loop dispatches them one by one.
+        description="Host time per decoder layer per decode step of an eager HF decode loop (our hf backend, "
+        "TRL without vLLM).",
+    )
+    hf_decode_s_per_step: float = Field(
+        default=HF_DECODE_OPS_PER_STEP * HOST_S_PER_OP,
+        ge=0.0,
+        # Outside the layers a sampled decode step launches ~63 ops (embedding, rotary tables, final norm,
+        # lm_head, temperature / top-k / top-p sampling, stop checks; traced op count, as above).
+        description="Host time per decode step outside the layers (embedding, lm_head, sampling, stop checks).",
     )
     host_link_efficiency: float = Field(
         default=0.8,
@@ -166,3 +192,15 @@ class TimeCoefficients(Frozen):
 
 
 DEFAULT_TIME_COEFFICIENTS = TimeCoefficients()
+
+# Constants set by the host (its CPU and the Python / PyTorch / transformers stack issuing the ops), not by the
+# GPU: a calibration measured on one GPU's host applies them to plans for every GPU (planner/calibration.py).
+HOST_SIDE_FIELDS: tuple[str, ...] = (
+    "train_dispatch_s_per_layer_pass",
+    "hf_decode_s_per_layer",
+    "hf_decode_s_per_step",
+    "eager_launch_s_per_layer",
+    "vllm_v0_step_overhead_s",
+    "vllm_v0_seq_step_overhead_s",
+    "vllm_v1_step_overhead_s",
+)

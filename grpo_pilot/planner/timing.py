@@ -92,21 +92,23 @@ def _micro_loop_s(
     comm_s_per_micro: float,
     serial_s_per_token: float,
     dispatch_s_per_micro: float = 0.0,
-    host_executes: bool = False,
 ) -> float:
     """Full micro-batches of `per_micro` sequences and one partial one: each lasts max(compute,
-    overlapped communication) plus its non-overlapped per-token time (`tokens_per_seq` per rank).
+    overlapped communication) plus its non-overlapped per-token time (`tokens_per_seq` per rank) plus
+    the host's eager op dispatch (`train_dispatch_s`).
 
-    `dispatch_s_per_micro` is the host's eager op dispatch of one micro-batch (`train_dispatch_s`). A GPU
-    runs kernels asynchronously while the host queues the next ones (PyTorch docs, "CUDA semantics:
-    Asynchronous execution"), so dispatch only shows when it outlasts the device work; on the cpu
-    pseudo-device (`host_executes`) the dispatching thread runs the ops itself, so the two add."""
+    Dispatch adds rather than hides behind the device work: every executor reads results back once per
+    micro-batch (verl's `update_policy` appends `.item()` metrics per micro-batch, TRL gathers its logged
+    losses, our engine sums its loss terms), so the GPU cannot run ahead of the host for long, and at the
+    sizes measured on a GPU (../shared/measurements/h200-2026-11-26.json: 1k–33k tokens per micro-batch)
+    the sum explains the measured update and log-prob times within 0.73–1.3× where max(device, dispatch)
+    leaves 0.63–1.55× (geometric error 1.24× vs 1.45×); on the cpu pseudo-device the dispatching thread
+    runs the ops itself, so the two add there anyway."""
 
     def one(n: int) -> float:
         tokens = n * tokens_per_seq
         device_s = max(tokens * compute_s_per_token, comm_s_per_micro)
-        busy_s = device_s + dispatch_s_per_micro if host_executes else max(device_s, dispatch_s_per_micro)
-        return busy_s + tokens * serial_s_per_token
+        return device_s + dispatch_s_per_micro + tokens * serial_s_per_token
 
     per_micro = max(1, min(per_micro, seqs))
     full, rest = divmod(seqs, per_micro)
@@ -220,7 +222,7 @@ def log_prob_time_s(
     a2a_per_token = _ulysses_s(spec, 1, sp, ts.bw, passes=1)
     device = cluster.device
     streams = executor.offload_streams and device.offload_meaningful
-    dispatch = {"dispatch_s_per_micro": train_dispatch_s(spec, 1, coef), "host_executes": device.host_executes_ops}
+    dispatch = {"dispatch_s_per_micro": train_dispatch_s(spec, 1, coef)}
 
     def one_pass(offloaded: bool, bytes_per_param: int) -> float:
         h2d = bytes_per_param * ts.shard_params / ts.host if offloaded and device.offload_meaningful else 0.0
@@ -289,7 +291,6 @@ def update_time_s(
         a2a_per_token,
         # forward 1 + backward 2 (+ recomputed forward 1): the FLOP multipliers of `training_cost`
         dispatch_s_per_micro=train_dispatch_s(spec, passes + 1, coef),
-        host_executes=device.host_executes_ops,
     )
     per_epoch = num_minis * (micros_s + optim_s)
     return workload.ppo_epochs * per_epoch + phase_s

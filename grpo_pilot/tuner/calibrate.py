@@ -13,7 +13,9 @@ Jacobian by forward differences). Candidates:
   (identified when the trials vary the number of micro-batches);
 - `hbm_efficiency`: memory-bound traffic (decode weights/KV, activations, logits);
 - `matmul_efficiency` of the plan's GPU (the MAMF entry);
-- `eager_launch_s_per_layer`: per-layer dispatch of each generate / eager decode step;
+- `hf_decode_s_per_layer`, `hf_decode_s_per_step`: the eager HF decode loop's host time per layer and
+  per step (identified apart when the runs differ in layer count);
+- `eager_launch_s_per_layer`: per-layer dispatch of each vLLM decode step without CUDA graphs;
 - `link_efficiency`: collectives (only seen with more than one worker).
 
 A sweep varies few things (the workload is fixed: the tokens per step never change), so some of these
@@ -44,7 +46,7 @@ import numpy as np
 
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.calibration import Calibration, FitError, FittedValue, KeptValue
-from grpo_pilot.planner.config import Workload
+from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.estimate import estimate_memory
 from grpo_pilot.planner.evaluate import PlanInputs
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
@@ -102,6 +104,8 @@ def candidates(gpu: str) -> tuple[Candidate, ...]:
         _field("train_dispatch_s_per_layer_pass", SECONDS_BOUNDS),
         _field("hbm_efficiency", EFFICIENCY_BOUNDS),
         _matmul(gpu),
+        _field("hf_decode_s_per_layer", SECONDS_BOUNDS),
+        _field("hf_decode_s_per_step", SECONDS_BOUNDS),
         _field("eager_launch_s_per_layer", SECONDS_BOUNDS),
         _field("link_efficiency", EFFICIENCY_BOUNDS),
     )
@@ -135,49 +139,70 @@ def trial_workload(workload: Workload, record: TrialRecord) -> Workload:
     return Workload.model_validate({**workload.model_dump(), **update}) if update else workload
 
 
-class _Model:
-    """The planner's time predictions of the trials as a function of the candidates' ln(values)."""
+class Run(NamedTuple):
+    """One measured run the time fit explains: the inputs it was planned from (analytic constants), the
+    knobs and the workload it ran (its measured lengths), and the seconds each phase measured."""
 
-    def __init__(self, inputs: PlanInputs, records: list[TrialRecord], overheads: Overheads) -> None:
-        self.inputs, self.records, self.overheads = inputs, records, overheads
-        spec, cluster = inputs.model.spec, inputs.cluster
-        self.workloads = [trial_workload(inputs.workload, r) for r in records]
+    inputs: PlanInputs
+    knobs: Knobs
+    workload: Workload
+    measured_s: dict[str, float | None]
+
+
+class _Model:
+    """The planner's time predictions of the runs as a function of the candidates' ln(values)."""
+
+    def __init__(self, runs: list[Run], overheads: Overheads) -> None:
+        self.runs, self.overheads = runs, overheads
         self.kv = [
             estimate_memory(
-                spec, cluster, w, r.knobs, target=inputs.target, overheads=overheads
+                r.inputs.model.spec, r.inputs.cluster, r.workload, r.knobs, target=r.inputs.target, overheads=overheads
             ).kv_cache_tokens_per_gpu
-            for r, w in zip(records, self.workloads)
+            for r in runs
         ]
 
     def phases(self, coef: TimeCoefficients) -> list[dict[str, float]]:
-        i = self.inputs
         return [
             dict(
                 estimate_time(
-                    i.model.spec,
-                    i.cluster,
-                    w,
+                    r.inputs.model.spec,
+                    r.inputs.cluster,
+                    r.workload,
                     r.knobs,
-                    target=i.target,
+                    target=r.inputs.target,
                     kv_cache_tokens_per_gpu=kv,
                     coefficients=coef,
                     overheads=self.overheads,
                 ).phases_s
             )
-            for r, w, kv in zip(self.records, self.workloads, self.kv)
+            for r, kv in zip(self.runs, self.kv)
         ]
 
     def tokens_per_s(self, coef: TimeCoefficients) -> list[float]:
         return [
-            trained_tokens_per_step(w) / max(sum(p.values()), 1e-12) for w, p in zip(self.workloads, self.phases(coef))
+            trained_tokens_per_step(r.workload) / max(sum(p.values()), 1e-12)
+            for r, p in zip(self.runs, self.phases(coef))
         ]
 
 
-def _observations(records: list[TrialRecord], analytic: list[dict[str, float]]) -> list[Observation]:
+def trial_runs(inputs: PlanInputs, records: list[TrialRecord]) -> list[Run]:
+    """The runs of a sweep's measured trials (every trial ran the swept plan's inputs)."""
+    return [
+        Run(
+            inputs,
+            r.knobs,
+            trial_workload(inputs.workload, r),
+            {phase: rec.measured_s for phase, rec in r.phases.items()},
+        )
+        for r in records
+    ]
+
+
+def _observations(runs: list[Run], analytic: list[dict[str, float]]) -> list[Observation]:
     out = []
-    for index, (record, predicted) in enumerate(zip(records, analytic)):
+    for index, (run, predicted) in enumerate(zip(runs, analytic)):
         for phase in PLAN_PHASES:
-            measured = record.phases[phase].measured_s if phase in record.phases else None
+            measured = run.measured_s.get(phase)
             if measured is not None and measured >= MIN_MEASURED_S and predicted.get(phase, 0.0) > 0.0:
                 out.append(Observation(index, phase, measured))
     return out
@@ -272,9 +297,9 @@ def _factor(log_errors: list[float]) -> float:
     return math.exp(math.sqrt(sum(e * e for e in log_errors) / len(log_errors)))
 
 
-def tokens_per_s_factor(model: _Model, records: list[TrialRecord], coef: TimeCoefficients) -> float:
+def tokens_per_s_factor(model: _Model, measured_tokens_per_s: list[float], coef: TimeCoefficients) -> float:
     predicted = model.tokens_per_s(coef)
-    return _factor([math.log(p / float(r.measured_tokens_per_s)) for p, r in zip(predicted, records)])
+    return _factor([math.log(p / m) for p, m in zip(predicted, measured_tokens_per_s)])
 
 
 def _rss_pairs(records: list[TrialRecord]) -> list[tuple[int, int]]:
@@ -295,7 +320,7 @@ def _rss_factor(pairs: list[tuple[int, int]], baseline: int) -> float | None:
 
 def _fit_memory(inputs: PlanInputs, records: list[TrialRecord]):
     """(overheads, fitted values, rss error before, after) from the per-phase RSS of cpu trials."""
-    pairs = _rss_pairs(records) if inputs.cluster.gpu.is_cpu else []
+    pairs = [] if inputs.cluster.device.caching_allocator else _rss_pairs(records)
     base = DEFAULT_OVERHEADS
     if not pairs:
         return base, [], None, None
@@ -314,6 +339,46 @@ def _fit_memory(inputs: PlanInputs, records: list[TrialRecord]):
     before = _rss_factor(pairs, base.cpu_process_rss_bytes)
     after = _rss_factor(pairs, value)
     return base.model_copy(update={"cpu_process_rss_bytes": value}), [fitted], before, after
+
+
+def fit_time(
+    model: _Model, obs: list[Observation], cands: tuple[Candidate, ...], base: TimeCoefficients
+) -> tuple[TimeCoefficients, list[FittedValue], list[KeptValue]]:
+    """The candidates the observations determine (column-pivoted selection), refitted, the rest kept."""
+    names = [c.name for c in cands]
+    if not obs:
+        return (
+            base,
+            [],
+            [KeptValue(name=f"time.{n}", reason="no phase time of at least 1 ms was measured") for n in names],
+        )
+    full = _levenberg_marquardt(model, obs, base, cands)
+    J = _jacobian(model, obs, base, cands, full)
+    picked, reasons = _select(J, names)
+    kept = [KeptValue(name=f"time.{names[k]}", reason=reasons[k]) for k in sorted(reasons)]
+    chosen = tuple(cands[k] for k in picked)
+    if not chosen:
+        return base, [], kept
+    logs = _levenberg_marquardt(model, obs, base, chosen)
+    coef = _apply(base, chosen, logs)
+    J = _jacobian(model, obs, base, chosen, logs)
+    fitted = [
+        FittedValue(
+            name=f"time.{cand.name}",
+            analytic=cand.get(base),
+            fitted=cand.get(coef),
+            sensitivity=float(np.linalg.norm(J[:, k])) / math.sqrt(len(obs)),
+            method=f"least squares of ln(predicted/measured seconds) over {len(obs)} (run, phase) times "
+            "(Levenberg-Marquardt)",
+        )
+        for k, cand in enumerate(chosen)
+    ]
+    return coef, fitted, kept
+
+
+def phase_error(model: _Model, obs: list[Observation], coef: TimeCoefficients) -> float:
+    """Geometric RMS factor of the per-phase times under `coef` (1.0 without observations)."""
+    return _factor(list(_residuals(model, obs, coef))) if obs else 1.0
 
 
 def fit_calibration(
@@ -346,40 +411,14 @@ def fit_calibration(
         )
     overheads, fitted, rss_before, rss_after = _fit_memory(inputs, chosen_records)
     base = DEFAULT_TIME_COEFFICIENTS
-    model = _Model(inputs, chosen_records, overheads)
-    obs = _observations(chosen_records, model.phases(base))
-    cands = candidates(gpu)
-    names = [c.name for c in cands]
-    kept: list[KeptValue] = []
-    coef = base
-    if obs:
-        full = _levenberg_marquardt(model, obs, base, cands)
-        J = _jacobian(model, obs, base, cands, full)
-        picked, reasons = _select(J, names)
-        kept += [KeptValue(name=f"time.{names[k]}", reason=reasons[k]) for k in sorted(reasons)]
-        chosen = tuple(cands[k] for k in picked)
-        if chosen:
-            logs = _levenberg_marquardt(model, obs, base, chosen)
-            coef = _apply(base, chosen, logs)
-            J = _jacobian(model, obs, base, chosen, logs)
-            for k, cand in enumerate(chosen):
-                fitted.append(
-                    FittedValue(
-                        name=f"time.{cand.name}",
-                        analytic=cand.get(base),
-                        fitted=cand.get(coef),
-                        sensitivity=float(np.linalg.norm(J[:, k])) / math.sqrt(len(obs)),
-                        method=f"least squares of ln(predicted/measured seconds) over {len(obs)} (trial, phase) "
-                        "times (Levenberg-Marquardt)",
-                    )
-                )
-    else:
-        kept += [KeptValue(name=f"time.{n}", reason="no phase time of at least 1 ms was measured") for n in names]
+    model = _Model(trial_runs(inputs, chosen_records), overheads)
+    obs = _observations(model.runs, model.phases(base))
+    coef, fitted_time, kept = fit_time(model, obs, candidates(gpu), base)
+    fitted += fitted_time
     kept += [KeptValue(name=k, reason=v) for k, v in NOT_IN_RECORDS.items()]
-    if not inputs.cluster.gpu.is_cpu:
+    if inputs.cluster.device.caching_allocator:
         kept.append(KeptValue(name="memory.host_rss_bytes_per_gpu_process", reason="GPU trials record no host RSS"))
-    phase_before = _factor(list(_residuals(model, obs, base))) if obs else 1.0
-    phase_after = _factor(list(_residuals(model, obs, coef))) if obs else 1.0
+    measured_tps = [float(r.measured_tokens_per_s or 0.0) for r in chosen_records]
     versions = Counter(tuple(sorted(r.versions.items())) for r in chosen_records).most_common(1)[0][0]
     when = (created_at or datetime.now(timezone.utc)).isoformat(timespec="seconds")
     return Calibration(
@@ -394,10 +433,10 @@ def fit_calibration(
         num_trials=len(chosen_records),
         num_observations=len(obs),
         fit_error=FitError(
-            tokens_per_s_before=tokens_per_s_factor(model, chosen_records, base),
-            tokens_per_s_after=tokens_per_s_factor(model, chosen_records, coef),
-            phase_time_before=phase_before,
-            phase_time_after=phase_after,
+            tokens_per_s_before=tokens_per_s_factor(model, measured_tps, base),
+            tokens_per_s_after=tokens_per_s_factor(model, measured_tps, coef),
+            phase_time_before=phase_error(model, obs, base),
+            phase_time_after=phase_error(model, obs, coef),
             rss_before=rss_before,
             rss_after=rss_after,
         ),
@@ -412,4 +451,5 @@ def prediction_factor(inputs: PlanInputs, records: list[TrialRecord], calibratio
     measured = [r for r in records if r.status == "ok" and r.measured_tokens_per_s]
     overheads = calibration.overheads if calibration else DEFAULT_OVERHEADS
     coef = calibration.time_coefficients if calibration else DEFAULT_TIME_COEFFICIENTS
-    return tokens_per_s_factor(_Model(inputs, measured, overheads), measured, coef)
+    model = _Model(trial_runs(inputs, measured), overheads)
+    return tokens_per_s_factor(model, [float(r.measured_tokens_per_s or 0.0) for r in measured], coef)

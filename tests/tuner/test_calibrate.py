@@ -70,7 +70,7 @@ def synthetic_records(coef, count: int = 8) -> list[TrialRecord]:
 
 def test_fit_recovers_known_constants_and_keeps_what_it_cannot_see():
     truth = DEFAULT_TIME_COEFFICIENTS.model_copy(
-        update={"train_dispatch_s_per_layer_pass": 4e-3, "eager_launch_s_per_layer": 1.5e-3, "hbm_efficiency": 0.05}
+        update={"train_dispatch_s_per_layer_pass": 4e-3, "hf_decode_s_per_layer": 1.5e-3, "hbm_efficiency": 0.05}
     )
     records = synthetic_records(truth)
     assert len({r.knobs.micro_batch_size_per_gpu for r in records}) > 2  # the sweep varies micro-batching
@@ -88,7 +88,11 @@ def test_fit_recovers_known_constants_and_keeps_what_it_cannot_see():
     assert len(per_token & set(fitted)) == 1
     (other,) = per_token & set(kept)
     assert "in the same proportion as" in kept[other]
-    assert "time.eager_launch_s_per_layer" in fitted
+    # the decode loop's per-layer and per-step host times move every trial's rollout alike (one model): one is
+    # fitted; vLLM's eager launches play no part in an HF rollout
+    decode = {"time.hf_decode_s_per_layer", "time.hf_decode_s_per_step"}
+    assert len(decode & set(fitted)) == 1
+    assert "hardly depend" in kept["time.eager_launch_s_per_layer"]
     e = cal.fit_error
     assert e.tokens_per_s_before > 5 and e.tokens_per_s_after == pytest.approx(1.0, abs=1e-2)
     assert e.phase_time_after == pytest.approx(1.0, abs=1e-2) and e.rss_after == pytest.approx(1.0, abs=1e-6)
@@ -120,8 +124,8 @@ def test_real_sweep_calibration_shrinks_the_error_on_held_back_trials():
     cal = fit_calibration(inputs, fit, name="tiny-cpu")
     before = prediction_factor(inputs, held, None)
     after = prediction_factor(inputs, held, cal)
-    assert before > 10  # the roofline of a GPU-like device is far too fast for this CPU
-    assert after < before / 5 and after < 2.0, (before, after)
+    assert before > 5  # the roofline of a GPU-like device is far too fast for this CPU
+    assert after < before / 4 and after < 2.0, (before, after)
     # each held-back trial's calibrated plan, at the lengths the trial ran, against its measurement; the
     # data hold one trial measured while other jobs loaded the shared CPU (5x slower than the same knobs
     # elsewhere in the sweep), so most, not all, land within 2x
