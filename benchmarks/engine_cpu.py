@@ -76,7 +76,8 @@ def build_plan(model_dir: Path, *, prompts_per_step: int, n: int, prompt_len: in
     """Our plan for the tiny model on the cpu pseudo-device: hf rollout, one mini-batch, no KL."""
     from grpo_pilot.hardware import parse_cluster
     from grpo_pilot.planner.config import Knobs, Workload
-    from grpo_pilot.planner.evaluate import PlanInputs, evaluate, model_ref
+    from grpo_pilot.planner.evaluate import PlanInputs, model_ref
+    from grpo_pilot.planner.make_plan import evaluate
     from grpo_pilot.profiles.catalog import resolve_model
 
     workload = Workload(

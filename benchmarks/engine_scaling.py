@@ -46,7 +46,8 @@ def build_plan(workers: int, *, prompts_per_step: int, n: int, max_new: int) -> 
     """The planner's evaluation of the pinned knobs for the tiny model on `workers` CPU workers."""
     from grpo_pilot.hardware import parse_cluster
     from grpo_pilot.planner.config import Knobs, Workload
-    from grpo_pilot.planner.evaluate import PlanInputs, evaluate, model_ref
+    from grpo_pilot.planner.evaluate import PlanInputs, model_ref
+    from grpo_pilot.planner.make_plan import evaluate
     from grpo_pilot.profiles.catalog import resolve_model
 
     workload = Workload(

@@ -40,7 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from grpo_pilot.atomic import atomic_write_text
-from grpo_pilot.planner.evaluate import evaluate
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import load_plan, save_plan
 from grpo_pilot.tuner.display import knobs_text
 from grpo_pilot.planner.recheck import plan_inputs

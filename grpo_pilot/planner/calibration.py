@@ -17,8 +17,9 @@ Where the planner looks: `grpo-plan --calibration FILE`; else the default locati
 software versions: for their own GPU whole, for any other GPU only their host-side constants
 (`time_coefficients.HOST_SIDE_FIELDS`: the host's op dispatch, which does not depend on the GPU) while the
 device's rates stay the published ones (the MAMF table, datasheets) — `PlanInputs.constant_sources` says
-which is which for a plan (its provenance records it). `--no-calibration` uses none. This module is pure apart from `load_calibration`,
-`save_calibration` and reading the packaged files (file IO at the edge); it never imports torch.
+which is which for a plan (its provenance records it). `--no-calibration` uses none. This module is pure
+apart from `load_calibration`, `save_calibration` and reading the packaged files (file IO at the edge); it
+never imports torch.
 """
 
 from __future__ import annotations

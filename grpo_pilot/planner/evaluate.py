@@ -1,8 +1,8 @@
 """Evaluate one knob configuration: memory + time + constraints → a verdict, and a `Plan`.
 
 `PlanInputs` is everything the user fixed (model, cluster, workload, executor, safety headroom);
-`assess(inputs, knobs)` is the search's inner loop (no `Plan` built); `evaluate(inputs, knobs)` turns
-an assessment into the frozen `Plan` that plan.json stores.
+`assess(inputs, knobs)` is the search's inner loop (no `Plan` built); `make_plan.py` turns an
+assessment into the frozen `Plan` that plan.json stores (`to_plan`, `evaluate`).
 
 Usable GPU memory = device memory − headroom. The memory estimate already itemises the CUDA context,
 NCCL buffers and allocator fragmentation of what fragments; the headroom covers what it cannot see:
@@ -21,16 +21,13 @@ from pydantic import Field
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs, Target, Workload
-from grpo_pilot.planner.constraints import Check, binding_constraint, memory_checks, structural_checks, violations
+from grpo_pilot.planner.constraints import Check, memory_checks, structural_checks
 from grpo_pilot.planner.estimate import estimate_memory, rollout_kv_budget_bytes
-from grpo_pilot.planner.execution import execution_of
-from grpo_pilot.planner.lengths import MEMORY_QUANTILE
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
-from grpo_pilot.planner.plan import ModelRef, Plan, Provenance
+from grpo_pilot.planner.plan import ModelRef, Provenance
 from grpo_pilot.planner.reports import MemoryReport, TimeReport
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, TimeCoefficients
 from grpo_pilot.planner.timing import estimate_time
-from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.catalog import ResolvedModel
 
 DEFAULT_HEADROOM_FRACTION = 0.05
@@ -181,53 +178,3 @@ def worst_case_memory(inputs: PlanInputs, knobs: Knobs) -> MemoryReport:
     """The memory estimate with every prompt and response at its maximum."""
     spec, workload = inputs.model.spec, inputs.workload.worst_case()
     return estimate_memory(spec, inputs.cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
-
-
-def to_plan(
-    inputs: PlanInputs, a: Assessment, *, provenance: Provenance | None = None, suggestions: tuple[str, ...] = ()
-) -> Plan:
-    """The frozen plan.json record of an assessment (with the worst case beside the expected peak)."""
-    memory, time = a.memory, a.time
-    worst = memory if inputs.workload.at_max_lengths else worst_case_memory(inputs, a.knobs)
-    return Plan(
-        fits=a.fits,
-        knobs=a.knobs,
-        peak_gpu_bytes=memory.peak_gpu_bytes,
-        usable_gpu_bytes=inputs.usable_gpu_bytes,
-        predicted_step_s=time.step_s,
-        phases=dict(memory.phases),
-        phase_times_s=dict(time.phases_s),
-        tokens_per_s=time.tokens_per_s,
-        mfu=time.mfu,
-        host=memory.host,
-        host_ram_bytes_per_node=inputs.cluster.host_ram_bytes_per_node,
-        kv_cache_tokens_per_gpu=memory.kv_cache_tokens_per_gpu,
-        max_concurrent_seqs=memory.max_concurrent_seqs,
-        binding_constraint=binding_constraint(a.checks, memory),
-        violations=tuple(c.message for c in sorted(violations(a.checks), key=lambda c: -c.excess)),  # worst first
-        suggestions=suggestions,
-        model=inputs.model,
-        cluster=inputs.cluster,
-        workload=inputs.workload,
-        target=inputs.target,
-        provenance=provenance or inputs.provenance(),
-        headroom_bytes=inputs.reserved_bytes,
-        margin_bytes=inputs.usable_gpu_bytes - memory.peak_gpu_bytes,
-        memory_quantile=None if inputs.workload.at_max_lengths else MEMORY_QUANTILE,
-        worst_case_peak_gpu_bytes=worst.peak_gpu_bytes,
-        worst_case_phase=worst.peak_phase,
-        worst_case_phases={phase: pm.total_bytes for phase, pm in worst.phases.items()},
-        execution=execution_of(
-            inputs.model.spec,
-            inputs.cluster,
-            inputs.workload,
-            a.knobs,
-            executor=traits_for(inputs.target),
-            overheads=inputs.overheads,
-        ),
-    )
-
-
-def evaluate(inputs: PlanInputs, knobs: Knobs, *, provenance: Provenance | None = None) -> Plan:
-    """Evaluate exactly this configuration (no search)."""
-    return to_plan(inputs, assess(inputs, knobs), provenance=provenance)

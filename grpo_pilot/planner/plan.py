@@ -13,6 +13,7 @@ plan (`execution.py`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -71,6 +72,22 @@ class Provenance(Frozen):
     )
 
 
+VerdictKind = Literal["fits", "tight", "fits_below_mean_response", "does_not_fit"]
+
+
+class Verdict(Frozen):
+    """How a plan fits (module docstring)."""
+
+    kind: VerdictKind
+    lengths_known: bool = Field(description="Whether the workload gives the data's lengths (else: the maxima).")
+    boundary_mean_response_tokens: int | None = Field(
+        default=None,
+        description="Lengths unknown and the maxima do not fit: the largest mean response (tokens) that fits.",
+    )
+    peak_over_device_bytes: int = Field(description="Peak − device memory (negative: under the device).")
+    message: str = Field(description="The verdict in one sentence.")
+
+
 class Plan(Frozen):
     """A fully evaluated configuration: inputs, knobs, predicted memory and time, verdict."""
 
@@ -115,6 +132,9 @@ class Plan(Frozen):
     worst_case_phase: PhaseName | None = Field(default=None, description="The phase that peaks in the worst case.")
     worst_case_phases: dict[PhaseName, int] | None = Field(
         default=None, description="Phase totals in the worst case, bytes."
+    )
+    verdict: Verdict | None = Field(
+        default=None, description="How the plan fits: fits, tight, fits below a length boundary, does not fit."
     )
     execution: Execution | None = Field(
         default=None,

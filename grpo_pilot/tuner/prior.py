@@ -24,7 +24,8 @@ from pydantic import Field
 
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs
-from grpo_pilot.planner.evaluate import PlanInputs, evaluate
+from grpo_pilot.planner.evaluate import PlanInputs
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.planner.reports import OVERHEAD_PREFIX
 from grpo_pilot.tuner.space import TuneSpace, grid, knobs_at, params_of, point_key

@@ -23,7 +23,7 @@ from grpo_pilot.atomic import atomic_write_bytes, atomic_write_text
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.calibration import Calibration, save_calibration
-from grpo_pilot.planner.evaluate import evaluate
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import Plan, save_plan
 from grpo_pilot.tuner.calibrate import fit_calibration
 from grpo_pilot.planner.recheck import plan_inputs

@@ -27,7 +27,8 @@ from pydantic import Field
 
 from grpo_pilot.errors import RunError
 from grpo_pilot.models import Frozen
-from grpo_pilot.planner.evaluate import PlanInputs, evaluate
+from grpo_pilot.planner.evaluate import PlanInputs
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import Plan, save_plan
 from grpo_pilot.planner.recheck import plan_inputs
 from grpo_pilot.tuner import study as st

@@ -12,7 +12,7 @@ import grpo_pilot.tuner.runner as runner_module
 from grpo_pilot.cli_plan import app as plan_app
 from grpo_pilot.cli_tune import app
 from grpo_pilot.planner.calibration import load_calibration
-from grpo_pilot.planner.evaluate import evaluate
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import load_plan
 from grpo_pilot.planner.recheck import plan_inputs
 from grpo_pilot.tuner.runner import read_lengths

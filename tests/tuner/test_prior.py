@@ -20,7 +20,7 @@ from grpo_pilot.tuner.prior import (
     seed_points,
     tensor_bytes,
 )
-from grpo_pilot.planner.evaluate import evaluate
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.tuner.space import build_space, knobs_at, params_of
 
 

@@ -6,7 +6,8 @@ from typing import Callable
 
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner.config import Knobs, Workload
-from grpo_pilot.planner.evaluate import PlanInputs, evaluate, model_ref
+from grpo_pilot.planner.evaluate import PlanInputs, model_ref
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import Plan, load_plan
 from grpo_pilot.profiles import resolve_model
 from grpo_pilot.tuner.runner import Failure, PhaseMeasurement, TrialOutcome, TrialRequest

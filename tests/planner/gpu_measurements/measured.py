@@ -11,22 +11,20 @@ responses always at response_len: a random model never stops) and the allocator 
   phase's tensor items (the plan's items without `overhead_*`);
 - the device footprint: the largest `total − free` of `cudaMemGetInfo` over the run minus what the
   device held before the engine started (the poller's own CUDA context), against the plan's peak;
-- the step time: the median of the steps after the first (warm-up), against the predicted step.
+- the step time: the median of the steps after the first (warm-up), against the predicted step (with
+  the calibration packaged for the GPU, as `grpo-plan` applies it).
 """
 
 from __future__ import annotations
 
-import json
-import shlex
 import statistics
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from grpo_pilot.hardware import parse_cluster
-from grpo_pilot.planner.config import Knobs, Workload
-from grpo_pilot.planner.evaluate import PlanInputs, evaluate, model_ref
+from grpo_pilot.planner.calibration import calibrated, packaged_for
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import Plan
-from grpo_pilot.profiles import resolve_model
+from grpo_pilot.tuner.measured_runs import load_measurements, measured_inputs, median_phase_s
 
 FILE = Path(__file__).resolve().parent / "h200-2026-11-26.json"
 # the allocator behaviour of the measured runs (the file's `about`: no cache release, default allocator)
@@ -34,53 +32,20 @@ MEASURED_ALLOCATOR = {"allocator": "caching", "release_cache": False}
 
 
 def load() -> dict[str, Any]:
-    return json.loads(FILE.read_text())
+    return load_measurements(FILE)
 
 
 def completed_cases() -> list[dict[str, Any]]:
     return [c for c in load()["cases"] if c["completed"]]
 
 
-def _flags(command: str) -> dict[str, str | bool]:
-    words = shlex.split(command)[1:]
-    out: dict[str, str | bool] = {}
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word in ("--kl", "--no-kl"):
-            out["kl"] = word == "--kl"
-            i += 1
-        elif word == "--pin":
-            i += 2  # the knobs come from the case's own record
-        else:
-            out[word.lstrip("-")] = words[i + 1]
-            i += 2
-    return out
-
-
 def plan_of(case: dict[str, Any]) -> Plan:
-    """The planner's plan for the run as it was measured (module docstring)."""
-    flags = _flags(case["plan_command"])
-    prompt, response = int(flags["prompt-len"]), int(flags["response-len"])
-    workload = Workload(
-        prompts_per_step=int(flags["prompts-per-step"]),
-        mini_batch_prompts=int(flags["mini-batch"]),
-        n=int(flags["n"]),
-        prompt_len_tokens=prompt,
-        response_len_tokens=response,
-        prompt_len_mean_tokens=prompt - 2,
-        prompt_len_std_tokens=0,
-        response_len_mean_tokens=response,
-        response_len_std_tokens=0,
-        use_kl_loss=bool(flags.get("kl", True)),
-    )
-    known = set(Knobs.model_fields)
-    knobs = Knobs(**{k: v for k, v in {**case["knobs"], **MEASURED_ALLOCATOR}.items() if k in known})
-    inputs = PlanInputs(
-        model=model_ref(resolve_model(str(flags["model"]))),
-        cluster=parse_cluster(str(flags["gpus"])),
-        workload=workload,
-    )
+    """The planner's plan for the run as it was measured (module docstring), with the calibration a plan
+    for that GPU gets by default (the packaged one)."""
+    inputs, knobs = measured_inputs(case, MEASURED_ALLOCATOR)
+    packaged = packaged_for(inputs.cluster.gpu.name)
+    if packaged is not None:
+        inputs = calibrated(inputs, *packaged)
     return evaluate(inputs, knobs)
 
 
@@ -101,10 +66,8 @@ def compare(case: dict[str, Any]) -> Comparison:
     }
     device = int(case["device_used_peak_bytes"]) - int(case["device_used_before_bytes"])
     steps = case["step_s"][1:]
-    phase_s = {
-        phase: (statistics.median(p[phase] for p in case["phase_s"][1:]), plan.phase_times_s[phase])
-        for phase in plan.phase_times_s
-    }
+    measured_s = median_phase_s(case)
+    phase_s = {phase: (measured_s[phase], plan.phase_times_s[phase]) for phase in plan.phase_times_s}
     return Comparison(
         name=case["name"],
         tensor_bytes=tensors,
