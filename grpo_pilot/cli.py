@@ -2,7 +2,7 @@
 
 The commands themselves live in `cli_plan.py`, `cli_run.py` and `cli_tune.py`; this module only turns our
 exceptions into one short paragraph on stderr and an exit status (2 bad input, 3 does not fit,
-1 run failure) — never a traceback for a user mistake.
+4 fits only conditionally, 1 run failure) — never a traceback for a user mistake.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def report_error(exc: GrpoPilotError) -> None:
     """Print the error paragraph to stderr (plain text: safe for pipes and logs)."""
-    label = {2: "error", 3: "does not fit"}.get(exc.exit_code, "failed")
+    label = {2: "error", 3: "does not fit", 4: "fits only conditionally"}.get(exc.exit_code, "failed")
     print(f"{label}: {exc.paragraph()}", file=sys.stderr)
 
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from grpo_pilot.cli import handle_errors
 from grpo_pilot.cli_plan_inputs import launch_cluster, length_fields, make_workload, read_text
 from grpo_pilot.cli_plan_render import list_models, render
-from grpo_pilot.errors import InfeasibleError, InputError
+from grpo_pilot.errors import ConditionalFitError, InfeasibleError, InputError
 from grpo_pilot.hardware.cluster import Cluster, parse_cluster, parse_size_bytes
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
 from grpo_pilot.planner.plan import Plan, check_plan_out, save_plan
@@ -138,6 +138,26 @@ def _evaluate_launch(inputs: Any, knobs: Knobs, trials: int, seed: int) -> tuple
     changes = [f"{k}: {before.get(k)} → {v}" for k, v in after.items() if before.get(k) != v and k.startswith("actor")]
     lines = [f"a searched configuration fits (predicted {searched.predicted_step_s:.0f} s/step); change:"] + changes
     return plan, lines
+
+
+def _infeasible(plan: Plan, *, written: bool) -> InfeasibleError:
+    """The error a plan that does not fit ends `grpo-plan` with: exit 4 when it fits conditionally (tight, or
+    below a mean response length the launch does not state), else exit 3."""
+    what = "The pinned configuration" if plan.provenance.search_trials == 0 else "The best configuration found"
+    verdict = plan.verdict
+    hint = " ".join(f"Suggestion: {s}" for s in plan.suggestions) + (" No plan file was written." if written else "")
+    if verdict is not None and verdict.kind in ("tight", "fits_below_mean_response"):
+        return ConditionalFitError(
+            f"{what} for {plan.model.resolved} on {plan.cluster.label()} {verdict.message}.", hint.strip(), plan=plan
+        )
+    what = "The pinned configuration does not fit" if plan.provenance.search_trials == 0 else "Nothing fits"
+    short = f" ({verdict.message})" if verdict is not None and verdict.message != "does not fit" else ""
+    return InfeasibleError(
+        f"{what} for {plan.model.resolved} on {plan.cluster.label()}{short}. Binding constraint "
+        f"{plan.binding_constraint}: " + (plan.violations[0] if plan.violations else "see the table."),
+        hint,
+        plan=plan,
+    )
 
 
 def _launch(
@@ -396,13 +416,7 @@ def main(
         if not json_out:
             console.print(f"memory plot written to {written}")
     if not plan.fits:
-        what = "The pinned configuration does not fit" if plan.provenance.search_trials == 0 else "Nothing fits"
-        raise InfeasibleError(
-            f"{what} for {plan.model.resolved} on {plan.cluster.label()}. Binding constraint "
-            f"{plan.binding_constraint}: " + (plan.violations[0] if plan.violations else "see the table."),
-            " ".join(f"Suggestion: {s}" for s in plan.suggestions) + (" No plan file was written." if out else ""),
-            plan=plan,
-        )
+        raise _infeasible(plan, written=bool(out))
     if out:
         path = save_plan(plan, out)
         if not json_out:

@@ -72,7 +72,12 @@ def lengths_line(w: Workload) -> str:
 
 def verdict_lines(plan: Plan) -> list[str]:
     """Verdict, expected peak, margin, headroom and the worst case with its risk."""
-    verdict = "[green]FITS[/green]" if plan.fits else "[red]DOES NOT FIT[/red]"
+    kind = plan.verdict.kind if plan.verdict is not None else ("fits" if plan.fits else "does_not_fit")
+    verdict = {
+        "fits": "[green]FITS[/green]",
+        "tight": "[yellow]TIGHT[/yellow]",
+        "fits_below_mean_response": "[yellow]FITS ONLY BELOW A LENGTH[/yellow]",
+    }.get(kind, "[red]DOES NOT FIT[/red]")
     at = (
         f"expected peak (micro-batches at their {plan.memory_quantile:g} length quantile)"
         if plan.memory_quantile
@@ -84,6 +89,8 @@ def verdict_lines(plan: Plan) -> list[str]:
         f"{verdict} · {at} {gib(plan.peak_gpu_bytes)} of {gib(plan.usable_gpu_bytes)} GiB usable · "
         f"margin {gib(margin)} GiB{headroom} · binding: {plan.binding_constraint or '—'}"
     ]
+    if plan.verdict is not None and plan.verdict.kind != "fits":
+        lines.append(f"verdict: {plan.verdict.message}")
     worst = plan.worst_case_peak_gpu_bytes
     if worst is not None and plan.memory_quantile:
         over = worst - plan.usable_gpu_bytes

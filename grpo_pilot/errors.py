@@ -1,7 +1,8 @@
 """Exceptions the CLI turns into one short paragraph and an exit status (never a traceback).
 
 Exit statuses: 2 = bad input or usage (fix the command or the file), 3 = the request cannot fit,
-1 = a run failed for another reason.
+4 = it fits only conditionally (inside the safety headroom, or only below a mean response length when the
+lengths are unknown: planner/verdict.py), 1 = a run failed for another reason.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ class InfeasibleError(GrpoPilotError):
     def __init__(self, message: str, hint: str = "", plan: object | None = None) -> None:
         super().__init__(message, hint)
         self.plan = plan
+
+
+class ConditionalFitError(InfeasibleError):
+    """The plan fits only inside the safety headroom ('tight') or only while the mean response stays under a
+    length the launch does not state (planner/verdict.py)."""
+
+    exit_code = 4
 
 
 class RunError(GrpoPilotError):

@@ -110,10 +110,14 @@ def rollout_breakdown(
     v0 = not hf and knobs.vllm_engine == "v0"
     engine_s = 0.0 if hf else (coef.vllm_v0_step_overhead_s if v0 else coef.vllm_v1_step_overhead_s)
     seq_step_s = coef.vllm_v0_seq_step_overhead_s if v0 else 0.0
-    link = collective_bytes_per_s(gpu, tp > cluster.gpus_per_node, coef)
+    link = collective_bytes_per_s(gpu, tp > cluster.gpus_per_node, coef, gpus_per_node=cluster.gpus_per_node)
     # HF generate on an FSDP policy all-gathers every weight for every forward.
     gather_s = (
-        ring_time_s(BF16_BYTES * total_params, rollout_gpus, collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef))
+        ring_time_s(
+            BF16_BYTES * total_params,
+            rollout_gpus,
+            collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef, gpus_per_node=cluster.gpus_per_node),
+        )
         if hf
         else 0.0
     )

@@ -156,12 +156,14 @@ def host_link_bytes_per_s(gpu: GPUSpec, coef: TimeCoefficients) -> float:
     return (_PCIE5 if gpu.name in PCIE5_GPUS else _PCIE4) * coef.host_link_efficiency
 
 
-def collective_bytes_per_s(gpu: GPUSpec, spans_nodes: bool, coef: TimeCoefficients) -> float:
-    """Per-GPU bus bandwidth of a ring collective; a ring over several nodes runs at the NIC's pace."""
-    link = gpu.link_bytes_per_s
-    if spans_nodes:
-        link = min(link, coef.inter_node_bytes_per_s)
-    return link * coef.link_efficiency
+def collective_bytes_per_s(gpu: GPUSpec, spans_nodes: bool, coef: TimeCoefficients, *, gpus_per_node: int = 8) -> float:
+    """Per-GPU bus bandwidth of a collective: the intra-node link's, or across nodes the smaller of that and
+    the node's NICs together (NCCL runs one channel per NIC: `inter_node_collective_efficiency`)."""
+    intra = gpu.link_bytes_per_s * coef.link_efficiency
+    if not spans_nodes:
+        return intra
+    nics = gpus_per_node * coef.nic_bytes_per_s(gpu.name) * coef.inter_node_collective_efficiency
+    return min(intra, nics)
 
 
 def ring_time_s(bytes_total: float, ranks: int, bw: float) -> float:

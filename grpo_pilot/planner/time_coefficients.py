@@ -49,6 +49,12 @@ HF_DECODE_OPS_PER_STEP = 63
 EAGER_OPS_PER_LAYER_PASS = (38 + 74) / 3
 
 
+# GPUs whose reference node designs give every GPU a 400 Gb/s NDR InfiniBand NIC (DGX H100 / H200 / B200 and
+# their HGX partners: 8 × ConnectX-7): 50 GB/s per direction.
+NDR_GPUS = ("H100-80G", "H100-PCIE", "H800", "H20", "H20-141G", "H200", "B200")
+NDR_NIC_BYTES_PER_S = 50 * GB
+
+
 class TimeCoefficients(Frozen):
     """Efficiencies (fractions of datasheet peaks) and rates of the step-time model, with their sources."""
 
@@ -157,9 +163,18 @@ class TimeCoefficients(Frozen):
     inter_node_bytes_per_s: float = Field(
         default=25 * GB,
         gt=0.0,
-        # DGX A100 reference design: one 200 Gb/s HDR InfiniBand NIC per GPU = 25 GB/s per direction
-        # (DGX H100 has 400 Gb/s NDR; 25 GB/s is the conservative common case).
-        description="Inter-node bandwidth per GPU, one direction.",
+        # DGX A100 reference design: one 200 Gb/s HDR InfiniBand NIC per GPU = 25 GB/s per direction; the
+        # GPUs of `NDR_GPUS` get the DGX H100 / H200 / B200 design's 400 Gb/s NDR NIC per GPU (`nic_bytes_per_s`).
+        description="Inter-node bandwidth per GPU (its NIC), one direction, for GPUs without a 400 Gb/s design.",
+    )
+    inter_node_collective_efficiency: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        # NCCL spreads a multi-node collective over every NIC of a node (one channel per NIC): the node's
+        # aggregate NIC bandwidth bounds the per-GPU bus bandwidth. NVIDIA/nccl#1218: all_gather reaches ~200
+        # GB/s bus bandwidth on 32 nodes of 8 H100 with one 400 Gb/s NIC each (8 × 50 GB/s = 400 GB/s): 0.5.
+        description="Achieved fraction of a node's aggregate NIC bandwidth in a collective that spans nodes.",
     )
     host_memory_bytes_per_s: float = Field(
         default=100 * GB,
@@ -182,6 +197,10 @@ class TimeCoefficients(Frozen):
         if bad:
             raise ValueError(f"matmul efficiencies must lie in (0, 1]: {bad}")
         return value
+
+    def nic_bytes_per_s(self, gpu_name: str) -> float:
+        """One GPU's inter-node NIC bandwidth, one direction (the reference design of its generation)."""
+        return NDR_NIC_BYTES_PER_S if gpu_name in NDR_GPUS else self.inter_node_bytes_per_s
 
     def matmul_efficiency(self, gpu_name: str) -> float:
         """The achieved fraction of `gpu_name`'s BF16 peak in large GEMMs."""

@@ -182,7 +182,12 @@ def _train_side(
         seq=tokens_per_sequence_for_time(lengths, padding),
         attention_context=_attention_seq(lengths, padding) / 2,
         dp=max(1, train_gpus // knobs.ulysses_sp),
-        bw=collective_bytes_per_s(gpu, cluster.num_nodes > 1 and train_gpus > cluster.gpus_per_node, coef),
+        bw=collective_bytes_per_s(
+            gpu,
+            cluster.num_nodes > 1 and train_gpus > cluster.gpus_per_node,
+            coef,
+            gpus_per_node=cluster.gpus_per_node,
+        ),
         shard_params=param_counts(spec)[0] / train_gpus,
         host=host_link_bytes_per_s(gpu, coef),
     )
@@ -317,9 +322,10 @@ def weight_sync_time_s(
     master_bytes = precision_for(executor, cluster.device).master_bytes
     offload_s = master_bytes * param_counts(spec)[0] / train_gpus / host_link_bytes_per_s(gpu, coef) if p_off else 0.0
     if knobs.placement == "split":
-        cross = coef.inter_node_bytes_per_s if cluster.num_nodes > 1 else gpu.link_bytes_per_s
+        cross = coef.nic_bytes_per_s(gpu.name) if cluster.num_nodes > 1 else gpu.link_bytes_per_s
         return weights / (cross * coef.link_efficiency) + load_s + offload_s
-    gather_s = ring_time_s(weights, train_gpus, collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef))
+    link = collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef, gpus_per_node=cluster.gpus_per_node)
+    gather_s = ring_time_s(weights, train_gpus, link)
     return gather_s + load_s + offload_s
 
 

@@ -307,11 +307,16 @@ def test_kv_heads_replicate_beyond_tp() -> None:
     assert T.kv_bytes_per_token_per_gpu(s, 1) == 2 * s.num_layers * 4 * s.head_dim * 2
 
 
-def test_multi_node_collectives_run_at_nic_speed() -> None:
+def test_multi_node_collectives_run_at_the_nodes_nic_speed() -> None:
+    """Across nodes a collective runs over every NIC of the node (NCCL: a channel per NIC): H100 nodes have
+    one 400 Gb/s NIC per GPU (8 × 50 GB/s at 0.5: the ~200 GB/s of NVIDIA/nccl#1218), A100 nodes 200 Gb/s;
+    within a node, NVLink."""
     h100 = parse_cluster("8xH100").gpu
-    assert T.collective_bytes_per_s(h100, True, COEF) == pytest.approx(
-        COEF.inter_node_bytes_per_s * COEF.link_efficiency
-    )
+    assert T.collective_bytes_per_s(h100, True, COEF, gpus_per_node=8) == pytest.approx(8 * 50e9 * 0.5)
     assert T.collective_bytes_per_s(h100, False, COEF) == pytest.approx(450e9 * COEF.link_efficiency)
+    a100 = parse_cluster("8xA100-80G").gpu
+    assert T.collective_bytes_per_s(a100, True, COEF, gpus_per_node=8) == pytest.approx(8 * 25e9 * 0.5)
+    # fewer GPUs per node, fewer NICs
+    assert T.collective_bytes_per_s(h100, True, COEF, gpus_per_node=2) == pytest.approx(2 * 50e9 * 0.5)
     a100 = parse_cluster("8xA100-80G").gpu
     assert math.isclose(T.host_link_bytes_per_s(a100, COEF), 32e9 * COEF.host_link_efficiency)

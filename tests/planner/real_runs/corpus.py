@@ -78,12 +78,13 @@ def command(case: dict[str, Any]) -> list[str]:
 
 
 def evaluate(case: dict[str, Any]) -> dict[str, Any]:
-    """grpo-plan's answer as a user sees it: the exit code, the plan JSON (exit 0 fits, 3 does not fit), or the
-    error text of a refusal (exit 2)."""
+    """grpo-plan's answer as a user sees it: the exit code, the plan JSON (exit 0 fits, 3 does not fit, 4 fits
+    only conditionally: inside the headroom or below a mean response length), or the error text of a
+    refusal (exit 2)."""
     from grpo_pilot.cli_plan import app
 
     result = CliRunner().invoke(app, command(case))
-    if result.exit_code in (0, 3):
+    if result.exit_code in (0, 3, 4):
         return {"exit_code": result.exit_code, "plan": json.loads(result.stdout), "error": None}
     text = (result.output or "") + (str(result.exception) if result.exception and not result.output else "")
     return {"exit_code": result.exit_code, "plan": None, "error": " ".join(text.split())}
@@ -95,6 +96,16 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     if answer["plan"] is None:
         raise RuntimeError(f"{case['id']}: grpo-plan exited {answer['exit_code']}: {answer['error'][-2000:]}")
     return answer["plan"]
+
+
+def verdict_text(plan: dict[str, Any]) -> str:
+    """The plan's verdict in words (fits / does not fit / fits below a mean response of N tokens)."""
+    verdict = plan.get("verdict") or {}
+    if verdict.get("kind") == "fits_below_mean_response":
+        return f"fits below mean response {verdict['boundary_mean_response_tokens'] + 1}"
+    if verdict.get("kind") == "tight":
+        return "tight"
+    return "fits" if plan["fits"] else "does not fit"
 
 
 def _gib(value: float) -> str:
@@ -119,7 +130,7 @@ def table(cases: list[dict[str, Any]], answers: list[dict[str, Any]]) -> str:
             continue
         predicted = plan["predicted_step_s"]
         ratio = f"{predicted / measured:.2f}" if measured else "–"
-        verdict = "fits" if plan["fits"] else "does not fit"
+        verdict = verdict_text(plan)
         rows.append(
             f"| {case['id']} | {case['hardware']['gpus']} | {outcome['status']} | {verdict} | "
             f"{_gib(plan['peak_gpu_bytes'])} / {_gib(plan['usable_gpu_bytes'])} | {plan['binding_constraint']} | "
