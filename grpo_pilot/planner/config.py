@@ -19,6 +19,7 @@ from grpo_pilot.planner.traits import TARGET_NAMES, ExecutorTraits
 Target = Literal[TARGET_NAMES]  # type: ignore[valid-type]  # the executors of the traits table
 Placement = Literal["colocated", "split"]
 RolloutBackendName = Literal["vllm", "hf"]
+GenerationWeights = Literal["layer", "model"]
 VllmEngine = Literal["v1", "v0"]
 VllmMemory = Literal["instance", "device"]
 
@@ -193,6 +194,13 @@ class Knobs(Frozen):
         default="vllm",
         description="Rollout engine the plan assumes: 'vllm' or 'hf' (batched decode on the HF policy module "
         "itself, no second weight copy).",
+    )
+    hf_generation_weights: GenerationWeights = Field(
+        default="layer",
+        description="How an HF rollout (no rollout engine) holds a sharded policy's weights: 'layer' — gathered "
+        "one decoder layer at a time for every forward (FSDP: our engine, TRL under FSDP); 'model' — the whole "
+        "model gathered in the compute dtype for the whole generate call (TRL / ms-swift under DeepSpeed ZeRO-3 "
+        "with ds3_gather_for_generation, their default: trl/models/utils.py unwrap_model_for_generation).",
     )
     vllm_engine: VllmEngine = Field(
         default="v1",

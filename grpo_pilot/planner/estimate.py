@@ -168,10 +168,13 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
         m.vocab_size,
         c,
     )
+    whole = ctx.sharded and k.hf_generation_weights == "model"
     work = {
         "autocast_weight_cache": ctx.policy_cast_bytes,  # the decode loop runs the policy under autocast
-        "gathered_layers": ctx.gathered_layers_bytes,
-        "root_embed_lm_head": ctx.root_gathered_bytes,
+        # ZeRO-3's GatheredParameters around generate: every parameter in full, beside the shards
+        "generation_gathered_model": c * m.num_params if whole else 0,
+        "gathered_layers": 0 if whole else ctx.gathered_layers_bytes,
+        "root_embed_lm_head": 0 if whole else ctx.root_gathered_bytes,
         "hf_kv_cache": gen.kv_cache_bytes,
         "hf_prefill_activations": gen.prefill_bytes,
         "hf_sampling_logits": gen.sampling_bytes,

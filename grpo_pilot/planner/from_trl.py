@@ -39,6 +39,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "vllm_gpu_memory_utilization": 0.3,
     "vllm_tensor_parallel_size": 1,
     "gradient_checkpointing": False,
+    "ds3_gather_for_generation": True,
 }
 
 
@@ -49,6 +50,15 @@ class TrlLaunch(Frozen):
     workload: dict[str, Any]
     knobs: dict[str, Any]
     notes: tuple[str, ...] = Field(default=())
+
+
+def _zero3(deepspeed: Any) -> bool:
+    """Whether a `deepspeed` setting names ZeRO stage 3 (a config name like 'zero3', a path to a
+    zero3 json, or an inline dict with zero_optimization.stage 3)."""
+    if isinstance(deepspeed, Mapping):
+        stage = (deepspeed.get("zero_optimization") or {}).get("stage")
+        return str(stage) == "3"
+    return isinstance(deepspeed, str) and "zero3" in deepspeed.replace("_", "").replace("-", "").lower()
 
 
 def _int(value: Any, key: str) -> int:
@@ -149,6 +159,8 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
     }
     if not use_vllm:
         knobs.update(rollout_backend="hf", rollout_tp=1, placement="colocated")
+        if _zero3(cfg.get("deepspeed")) and bool(get("ds3_gather_for_generation")):
+            knobs["hf_generation_weights"] = "model"  # GatheredParameters around generate (TRL's default)
     elif mode == "colocate":
         knobs.update(
             rollout_backend="vllm",

@@ -111,7 +111,9 @@ def rollout_breakdown(
     engine_s = 0.0 if hf else (coef.vllm_v0_step_overhead_s if v0 else coef.vllm_v1_step_overhead_s)
     seq_step_s = coef.vllm_v0_seq_step_overhead_s if v0 else 0.0
     link = collective_bytes_per_s(gpu, tp > cluster.gpus_per_node, coef, gpus_per_node=cluster.gpus_per_node)
-    # HF generate on an FSDP policy all-gathers every weight for every forward.
+    # HF generate on an FSDP policy all-gathers every weight for every forward; gathered whole for the call
+    # (ZeRO-3 GatheredParameters), once per generate.
+    gather_once = hf and knobs.hf_generation_weights == "model"
     gather_s = (
         ring_time_s(
             BF16_BYTES * total_params,
@@ -121,6 +123,8 @@ def rollout_breakdown(
         if hf
         else 0.0
     )
+    gather_once_s = gather_s if gather_once else 0.0
+    gather_s = 0.0 if gather_once else gather_s
 
     def hidden_all_reduces_s(tokens: float) -> float:
         return (
@@ -174,7 +178,7 @@ def rollout_breakdown(
     batch = generated / steps if steps else 0.0
     tp_comm_s = steps * (hidden_all_reduces_s(batch) + logits_gather_s(batch))
     # every generated token is one running sequence in one step
-    overhead_s = steps * (engine_s + eager_s + gather_s) + generated * seq_step_s
+    overhead_s = steps * (engine_s + eager_s + gather_s) + generated * seq_step_s + gather_once_s
     return RolloutBreakdown(
         replicas=replicas,
         seqs_per_replica=seqs,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_pilot.planner.config import Knobs, Workload
+from grpo_pilot.profiles.catalog import resolve_model
 
 TARGETS = ("grpo-pilot", "verl", "trl")
 P7 = 7_615_616_512
@@ -178,3 +179,26 @@ def test_split_weight_sync_reports_the_larger_side(est) -> None:
     sync = r.phases["weight_sync"].items
     # the rollout GPU (vLLM awake with its KV cache + receive bucket) outweighs a trainer GPU here
     assert "vllm_kv_cache" in sync and sync["weight_sync_bucket"] == 2 << 30
+
+
+def test_zero3_generation_gathers_the_whole_model(est) -> None:
+    """TRL / ms-swift without vLLM under ZeRO-3 (ds3_gather_for_generation, their default) gather every
+    parameter for the whole generate call: c·P beside the shards, where FSDP gathers a layer at a time."""
+    kw = dict(target="trl", rollout_backend="hf", rollout_tp=1)
+    layer = est("qwen2.5-32b", "8xH20", **kw).phases["rollout"].items
+    model = est("qwen2.5-32b", "8xH20", hf_generation_weights="model", **kw).phases["rollout"].items
+    spec = resolve_model("qwen2.5-32b").spec
+    assert model["generation_gathered_model"] == 2 * spec.num_params
+    assert model["gathered_layers"] == 0 and layer["gathered_layers"] > 0
+    assert layer["generation_gathered_model"] == 0
+
+
+def test_trl_reader_sets_whole_model_generation_under_zero3() -> None:
+    from grpo_pilot.planner.from_trl import read_trl
+
+    text = "model_name_or_path: Qwen/Qwen2.5-7B\nuse_vllm: false\ndeepspeed: zero3\nnum_generations: 8\n"
+    assert read_trl(text, 8, []).knobs["hf_generation_weights"] == "model"
+    off = read_trl(text + "ds3_gather_for_generation: false\n", 8, []).knobs
+    assert off.get("hf_generation_weights", "layer") == "layer"
+    fsdp = read_trl(text.replace("deepspeed: zero3", "fsdp: full_shard auto_wrap"), 8, []).knobs
+    assert fsdp.get("hf_generation_weights", "layer") == "layer"
