@@ -178,6 +178,13 @@ class Knobs(Frozen):
     ulysses_sp: int = Field(
         default=1, ge=1, description="Ulysses sequence-parallel degree (splits tokens across ranks)."
     )
+    fsdp_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="GPUs one FSDP group shards the model states over (verl fsdp_config.fsdp_size; None / -1 = "
+        "every training GPU). Smaller groups replicate (HSDP): states per GPU grow, gradients are also "
+        "all-reduced across the replicas.",
+    )
     fused_logprob: bool = Field(
         default=False, description="Chunked/fused log-prob kernel: never materialises full-vocab logits."
     )
@@ -224,6 +231,10 @@ class Knobs(Frozen):
     @property
     def dynamic_batching(self) -> bool:
         return self.max_token_len_per_gpu is not None
+
+    def shard_degree(self, trainer_gpus: int) -> int:
+        """GPUs the model states are sharded over: `fsdp_size`, capped by the training GPUs."""
+        return min(self.fsdp_size or trainer_gpus, trainer_gpus)
 
 
 KNOB_KEYS: tuple[str, ...] = tuple(Knobs.model_fields)

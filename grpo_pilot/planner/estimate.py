@@ -275,7 +275,7 @@ def _optimizer_step_bytes(ctx: MemoryContext) -> int:
     m = ctx.model
     host_executes = ctx.device.host_executes_ops
     return adam_step_temporary_bytes(
-        -(-m.num_params // ctx.layout.trainer_gpus),
+        -(-m.num_params // ctx.shard_degree),
         largest_param_elements(m.vocab_size, m.hidden_size, m.intermediate_size, m.q_dim),
         on_host=ctx.optimizer_offload and ctx.executor.offload_streams,
         single_tensor=host_executes,

@@ -104,6 +104,7 @@ def verl_overrides(plan: Plan) -> tuple[tuple[str, str], ...]:
         ("actor_rollout_ref.actor.entropy_coeff", repr(w.entropy_coeff)),
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", str(k.ulysses_sp)),
         ("actor_rollout_ref.actor.fsdp_config.param_offload", _b(k.param_offload)),
+        ("actor_rollout_ref.actor.fsdp_config.fsdp_size", str(k.fsdp_size or -1)),
         ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", _b(k.optimizer_offload)),
     ]
     for role in ("rollout", "ref"):

@@ -69,6 +69,7 @@ DEFAULTS: dict[str, Any] = {
     ARR + "actor.ppo_max_token_len_per_gpu": 16384,
     ARR + "actor.ulysses_sequence_parallel_size": 1,
     ARR + "actor.fsdp_config.param_offload": False,
+    ARR + "actor.fsdp_config.fsdp_size": -1,
     ARR + "actor.fsdp_config.optimizer_offload": False,
     ARR + "ref.fsdp_config.param_offload": False,
     ARR + "model.enable_gradient_checkpointing": True,
@@ -164,6 +165,12 @@ def overrides_from_text(text: str, environment: Mapping[str, str] | None = None)
     if script.substitutions:
         notes.append("command substitutions not run: " + ", ".join(script.substitutions))
     return overrides, env, notes
+
+
+def _fsdp_size(value: Any) -> int | None:
+    """verl's fsdp_config.fsdp_size: -1 (its default) shards over every GPU; a positive size makes HSDP groups."""
+    size = int(value)
+    return None if size <= 0 else size
 
 
 def _positive_int(value: Any, key: str) -> int:
@@ -272,6 +279,7 @@ def verl_launch(overrides: Mapping[str, str], env: Mapping[str, str] | None = No
         "ref_param_offload": bool(get(ARR + "ref.fsdp_config.param_offload")),
         "gradient_checkpointing": bool(get(ARR + "model.enable_gradient_checkpointing")),
         "ulysses_sp": sp,
+        "fsdp_size": _fsdp_size(get(ARR + "actor.fsdp_config.fsdp_size")),
         "fused_logprob": bool(get(ARR + "model.use_fused_kernels")),
         "enforce_eager": bool(get(ARR + "rollout.enforce_eager")),
         "max_num_seqs": _positive_int(get(ARR + "rollout.max_num_seqs"), "max_num_seqs"),

@@ -115,11 +115,13 @@ class TimeCoefficients(Frozen):
         description="vLLM V0 output processing per running sequence per decode step.",
     )
     vllm_v1_step_overhead_s: float = Field(
-        default=0.0,
+        default=3e-3,
         ge=0.0,
-        # vLLM V1 user guide: scheduling and output processing run in a busy loop that overlaps the
-        # forward ("near-zero CPU overhead").
-        description="vLLM V1 engine time per decode step outside the forward.",
+        # V1 moves output processing out of the engine core, but without async scheduling (opt-in from vLLM
+        # 0.10; full overlap only with vllm-project/vllm#23569, Aug 2025) the core still schedules and prepares
+        # each step's inputs while the GPU waits: vllm-project/vllm#10634 measured a 5-6 ms gap between two
+        # decodes of Llama-2-7B at batch 256 and located 2-3 ms of it in removable GIL contention; 3 ms stays.
+        description="vLLM V1 engine time per decode step outside the forward (scheduling, input preparation).",
     )
     eager_launch_s_per_layer: float = Field(
         default=3.3e-3 / 32,

@@ -155,7 +155,10 @@ class _TrainSide(NamedTuple):
     seq: float  # tokens one sequence costs in a pass (expected length; TRL: padded)
     attention_context: float  # average keys one token attends to (causal: half the attention length)
     dp: int  # data-parallel groups: training GPUs / SP degree
-    bw: float  # collective bandwidth of the training pool
+    bw: float  # collective bandwidth of the FSDP (shard) group
+    shards: int  # GPUs the model states are sharded over (fsdp_size)
+    replicas: int  # shard groups (HSDP replicas) whose gradients are all-reduced
+    replica_bw: float  # collective bandwidth across the replicas
     shard_params: float  # parameters one training rank holds
     host: float  # host-link bytes/s per rank (offload traffic)
 
@@ -173,6 +176,12 @@ def _train_side(
     _, train_gpus = pools(cluster, knobs)
     lengths = lengths_of(workload)
     padding = executor.padding
+    shards = knobs.shard_degree(train_gpus)
+
+    def bandwidth(ranks: int) -> float:
+        spans = cluster.num_nodes > 1 and ranks > cluster.gpus_per_node
+        return collective_bytes_per_s(gpu, spans, coef, gpus_per_node=cluster.gpus_per_node)
+
     return _TrainSide(
         gpu=gpu,
         prec=precision_for(executor, cluster.device),
@@ -182,13 +191,14 @@ def _train_side(
         seq=tokens_per_sequence_for_time(lengths, padding),
         attention_context=_attention_seq(lengths, padding) / 2,
         dp=max(1, train_gpus // knobs.ulysses_sp),
-        bw=collective_bytes_per_s(
-            gpu,
-            cluster.num_nodes > 1 and train_gpus > cluster.gpus_per_node,
-            coef,
-            gpus_per_node=cluster.gpus_per_node,
+        bw=bandwidth(shards),
+        shards=shards,
+        replicas=max(1, train_gpus // shards),
+        # replicas sit in different nodes once a shard group fills a node (a replica group strides over them)
+        replica_bw=collective_bytes_per_s(
+            gpu, cluster.num_nodes > 1 and train_gpus > shards, coef, gpus_per_node=cluster.gpus_per_node
         ),
-        shard_params=param_counts(spec)[0] / train_gpus,
+        shard_params=param_counts(spec)[0] / shards,
         host=host_link_bytes_per_s(gpu, coef),
     )
 
@@ -223,7 +233,7 @@ def log_prob_time_s(
     c = ts.prec.compute_bytes
     logits = logits_traffic_bytes(spec.vocab_size, c, executor, training=False)
     compute_per_token = token_seconds(forward_cost(spec, ts.attention_context, c, logits), gpu, coef)
-    gather_s = ring_time_s(BF16_BYTES * param_counts(spec)[0], ts.train_gpus, ts.bw)
+    gather_s = ring_time_s(BF16_BYTES * param_counts(spec)[0], ts.shards, ts.bw)
     a2a_per_token = _ulysses_s(spec, 1, sp, ts.bw, passes=1)
     device = cluster.device
     streams = executor.offload_streams and device.offload_meaningful
@@ -268,7 +278,9 @@ def update_time_s(
     compute_per_token = token_seconds(cost, gpu, coef)
     # FSDP per micro-batch: all-gather bf16 params in forward and again in backward
     # (reshard_after_forward), reduce-scatter fp32 grads (verl MixedPrecision reduce_dtype fp32).
-    comm_s = ring_time_s((2 * BF16_BYTES + FP32_BYTES) * param_counts(spec)[0], ts.train_gpus, ts.bw)
+    comm_s = ring_time_s((2 * BF16_BYTES + FP32_BYTES) * param_counts(spec)[0], ts.shards, ts.bw)
+    # HSDP (fsdp_size < training GPUs): each backward also all-reduces the fp32 gradient shard across replicas
+    comm_s += allreduce_s(FP32_BYTES * shard_params, ts.replicas, ts.replica_bw, coef.allreduce_latency_s)
     device = cluster.device
     p_off = knobs.param_offload and device.offload_meaningful
     o_off = knobs.optimizer_offload and device.offload_meaningful

@@ -43,7 +43,8 @@ the executor behaviour it stands for and the source where it was read:
   processes: one rank runs the plain module, its fp32 weights cast to bf16 by autocast
   (`memory/autocast.py`).
 - missing_knobs: knobs the executor has no setting for, which the search must not move (they keep
-  `Knobs()` defaults): our engine refuses Ulysses SP (engine/assemble.py); TRL's GRPOConfig has no
+  `Knobs()` defaults): our engine refuses Ulysses SP (engine/assemble.py) and shards over every rank (no
+  HSDP `fsdp_size`); TRL's GRPOConfig has no
   reference offload (the reference stays on the GPU), no Ulysses SP, no log-prob kernel switch (its head
   is always fused), no vLLM eager switch and no scheduler caps (trl 1.16 GRPOConfig fields).
 """
@@ -95,7 +96,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         update_entropy_metric=True,
         ref_bytes=BF16_BYTES,
         logits_kernel="ours",
-        missing_knobs=frozenset({"ulysses_sp"}),
+        missing_knobs=frozenset({"ulysses_sp", "fsdp_size"}),
         fused_adamw_on_cpu=True,
     ),
     "verl": ExecutorTraits(

@@ -54,8 +54,12 @@ def test_logits_bytes_for_16k_tokens() -> None:
         logprob_logits_bytes(T, V, h, 2, kernel="ours", training=True, fused=False, entropy="grad")
         == 6 * T * V + 4 * chunk + 2 * T * h
     )
-    # verl (flash-attn cross entropy, in-place backward): 2·c = 4 bytes per element
-    assert logprob_logits_bytes(T, V, h, 2, kernel="verl", training=True, fused=False) == 4 * T * V + 2 * T * h
+    # verl (flash-attn cross entropy, in-place backward: the gradient overwrites the logits): c = 2 bytes per
+    # element; its compiled entropy adds no logits-sized tensor, an entropy gradient two (3c)
+    assert logprob_logits_bytes(T, V, h, 2, kernel="verl", training=True, fused=False) == 2 * T * V + 2 * T * h
+    assert logprob_logits_bytes(T, V, h, 2, kernel="verl", training=False, fused=False, entropy="metric") == 2 * T * V
+    grad = logprob_logits_bytes(T, V, h, 2, kernel="verl", training=True, fused=False, entropy="grad")
+    assert grad == 6 * T * V + 2 * T * h
     # forward-only (log-prob pass): the logits (2 bytes bf16, 4 fp32) and one float32 chunk, no hidden gradient
     assert logprob_logits_bytes(T, V, h, 2, kernel="ours", training=False, fused=False) == 2 * T * V + 4 * chunk
     assert logprob_logits_bytes(T, V, h, 4, kernel="ours", training=False, fused=False) == 4 * T * V + 4 * chunk
@@ -74,24 +78,22 @@ def test_logits_bytes_for_16k_tokens() -> None:
 def test_update_logits_scored_positions_in_the_estimate(est) -> None:
     # dynamic batching, 16384-token budget, prompt 512 + response 1024: the mini-batch holds
     # 256 × 5 / 8 = 160 sequences × 1536 = 245,760 tokens, so a micro-batch packs the full 16,384.
-    verl = est(
-        "qwen2.5-7b", "8xA100-80G", target="verl", max_token_len_per_gpu=16_384, workload=Workload(entropy_coeff=0.0)
-    )
-    # verl scores every packed position; its logits moment (10.1 GB) outweighs the last layer's backward
-    assert verl.phases["update"].items["logits"] == 4 * 16_384 * V_QWEN25 + 2 * 16_384 * 3584
-    # at the logits one decoder layer is gathered: FSDP2's backward prefetch of the last layer (traced with the
-    # engine's actor, verify/traced.py), c·P_layer = 2 × 233,057,792 bytes for Qwen2.5-7B
-    assert verl.phases["update"].items["gathered_layers"] == 2 * 233_057_792
-    # our engine keeps logits for response positions only: ceil(16384 × 1024 / 1536) = 10,923 of them, at
-    # 4 bytes per element (bf16 logits + their gradient) + one float32 chunk + the hidden gradient: 6.9 GB,
-    # less than verl's 10.1 GB, and no longer the update's peak moment (a layer's backward is)
     from grpo_pilot.planner.memory.logits import logprob_logits_bytes as logits_bytes
 
+    # verl scores every packed position, but its cross-entropy overwrites the logits with their gradient:
+    # 2 bytes per element (5.0 GB) + the hidden gradient
+    verl_logits = logits_bytes(16_384, V_QWEN25, 3584, 2, kernel="verl", training=True, fused=False)
+    assert verl_logits == 2 * 16_384 * V_QWEN25 + 2 * 16_384 * 3584
+    # our engine keeps logits for response positions only: ceil(16384 × 1024 / 1536) = 10,923 of them, at
+    # 4 bytes per element (bf16 logits + their gradient) + one float32 chunk + the hidden gradient: 6.9 GB
     lean = logits_bytes(10_923, V_QWEN25, 3584, 2, kernel="ours", training=True, fused=False, entropy="metric")
     assert lean == 4 * 10_923 * V_QWEN25 + 4 * 110 * V_QWEN25 + 2 * 10_923 * 3584
-    ours = est("qwen2.5-7b", "8xA100-80G", max_token_len_per_gpu=16_384)
-    assert ours.phases["update"].items["logits"] == 0 and ours.phases["update"].items["gathered_layers"] > 0
-    assert ours.phases["update"].total_bytes < verl.phases["update"].total_bytes
+    # with checkpointing neither is the update's peak moment: a layer's backward (the layer recomputed, its
+    # backward temporaries, two gathered layers) outweighs both
+    for target in ("verl", "grpo-pilot"):
+        items = est("qwen2.5-7b", "8xA100-80G", target=target, max_token_len_per_gpu=16_384).phases["update"].items
+        assert items["logits"] == 0 and items["recompute_activations"] > 0
+        assert items["gathered_layers"] == 2 * 2 * 233_057_792
 
 
 def test_kv_bytes_per_token_qwen25_7b() -> None:

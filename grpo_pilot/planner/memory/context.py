@@ -40,6 +40,7 @@ class MemoryContext(NamedTuple):
     layout: Layout
     lengths: Lengths
     sharded: bool  # parameters are sharded and gathered (false: one rank using them in place)
+    shard_degree: int  # GPUs the model states are sharded over
     policy_cast_bytes: int  # autocast's bf16 copies of the policy's weights during its passes (unsharded)
     ref_cast_bytes: int  # the same for the reference model
     has_ref: bool
@@ -186,8 +187,9 @@ def memory_context(
     offload = p_off or (knobs.optimizer_offload and device.offload_meaningful)
     sharded = lay.trainer_gpus > 1 or (device.caching_allocator and (executor.fsdp_on_one_rank or offload))
     has_ref = workload.use_kl_loss
+    shards = knobs.shard_degree(lay.trainer_gpus)  # FSDP group size (HSDP replicates across groups)
     master, grads, adam = actor_state_bytes(
-        model.num_params, lay.trainer_gpus, prec.master_bytes, prec.grad_bytes, prec.adam_bytes
+        model.num_params, shards, prec.master_bytes, prec.grad_bytes, prec.adam_bytes
     )
     trainer_oh, rollout_oh = process_overheads(
         overheads, device, sharded=lay.trainer_gpus > 1, ulysses_sp=knobs.ulysses_sp, split=lay.split
@@ -217,6 +219,7 @@ def memory_context(
         layout=lay,
         lengths=lengths,
         sharded=sharded,
+        shard_degree=shards,
         policy_cast_bytes=autocast_weight_cache_bytes(
             model.num_params, weight_bytes=prec.master_bytes, compute_bytes=prec.compute_bytes, sharded=sharded
         ),
@@ -232,7 +235,7 @@ def memory_context(
         master_bytes=master,
         grad_bytes=grads,
         adam_bytes=adam,
-        ref_bytes=sharded_bytes(model.num_params, prec.ref_bytes, lay.trainer_gpus) if has_ref else 0,
+        ref_bytes=sharded_bytes(model.num_params, prec.ref_bytes, shards) if has_ref else 0,
         trainer_overheads=trainer_oh,
         rollout_overheads=rollout_oh,
         vllm=budget,

@@ -22,11 +22,17 @@ grpo-pilot, fused (`chunked_token_logprobs`, chunks of FUSED_LOGPROB_CHUNK_TOKEN
   chunk 1024, V = 16384: 14 bytes per element for bf16); in training also the fp32 lm_head
   weight-gradient accumulator (4·V·h) and the hidden gradient (c·T·h), then, after the chunk loop, the
   accumulator's cast back (c·V·h when c ≠ 4) instead of the chunk buffers.
-verl, unfused (flash-attn triton cross_entropy, inplace_backward=True; verl/utils/torch_functional.py
-  logprobs_from_logits): forward c (lse per token only); training 2c (logits held for backward and
-  one logits-sized gradient buffer); entropy (entropy_from_logits: softmax, p·logits) forward + 2c,
-  training + 4c. verl's old-log-prob pass computes entropy (compute_log_prob(calculate_entropy=True)),
-  its update only when entropy_coeff != 0. Not traced (flash-attn kernels do not run on cpu).
+verl, unfused (volcengine/verl@b178a3cd5 verl/workers/actor/dp_actor.py `_forward_micro_batch` L262–277,
+  `__init__` L81–89): the packed logits in the compute dtype, divided by the temperature in place, go
+  through flash-attn's Triton cross-entropy (verl/utils/torch_functional.py `logprobs_from_logits`: lse per
+  token only) with `inplace_backward=True` unless entropy is computed — the loss gradient is written into
+  the logits buffer — and entropy through `torch.compile(entropy_from_logits)` (`use_torch_compile`
+  defaults True; also in verl 0.1's dp_actor), whose fused reductions materialise no logits-sized tensor
+  in the forward. So: forward c (with or without the entropy metric); training c; with an entropy gradient
+  3c (the logits kept, the cross-entropy's own gradient buffer once it is not in place, the compiled
+  entropy backward's gradient). verl's old-log-prob pass computes entropy (compute_log_prob(
+  calculate_entropy=True)), its update only when entropy_coeff != 0. Not traced (flash-attn kernels do
+  not run on cpu).
 verl, fused (`use_fused_kernels`, FusedLinearForPPOFunction, chunk_size 512): per chunk element
   forward c + 12 (fp32 logits, log-probs, probs); backward c + 20 (fp32 logits, probs, log-probs,
   one-hot, dlogits and the cast back) plus the lm_head weight gradient (c·V·h).
@@ -68,9 +74,10 @@ def _ours_unfused(tokens: int, vocab: int, c: int, training: bool, entropy: str)
 
 
 def _verl_unfused(c: int, training: bool, entropy: str) -> int:
-    if training:
-        return 2 * c + (4 * c if entropy == "grad" else 0)
-    return c + (2 * c if entropy != "none" else 0)
+    """Bytes per logits element of verl's unfused path (module docstring)."""
+    if training and entropy == "grad":
+        return 3 * c
+    return c
 
 
 def _trl_bytes(tokens: int, vocab: int, hidden: int, c: int, training: bool) -> int:
