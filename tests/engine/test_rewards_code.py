@@ -47,7 +47,8 @@ def test_correct_partial_and_wrong_solutions() -> None:
 
 def test_infinite_loop_times_out_fast_and_keeps_finished_tests() -> None:
     start = time.perf_counter()
-    result = run_tests("def f():\n    return 1", ("assert f() == 1", "while True: pass", "assert f() == 1"), FAST)
+    code = "def f():\n    return 1\ndef spin():\n    while True:\n        pass"
+    result = run_tests(code, ("assert f() == 1", "assert spin() == 1", "assert f() == 1"), FAST)
     assert result.status == "timeout" and result.passed == (True, False, False)
     assert time.perf_counter() - start < FAST.timeout_s + 1.5
     asleep = run_tests("import time\ntime.sleep(60)", ("assert time.time() > 0",), FAST)

@@ -11,7 +11,7 @@ label (the built-in name or the callable reference; a repeated label gets "#2", 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from grpo_pilot.engine.data.records import PromptRecord
 from grpo_pilot.engine.rewards.registry import BUILTINS, build_options
@@ -31,6 +31,7 @@ class RewardPart:
     scorer: Scorer
     requires: tuple[str, ...]
     term: RewardTerm
+    check: Callable[[Sequence[PromptRecord]], None] | None = None
 
 
 class RewardModel:
@@ -56,11 +57,14 @@ class RewardModel:
         return " + ".join(f"{p.weight:g} x {p.label}" for p in self.parts)
 
     def check_records(self, records: Sequence[PromptRecord]) -> None:
-        """Raise `InputError` if some record lacks a field one of the parts reads."""
+        """Raise `InputError` if some record lacks a field one of the parts reads, or holds what a part
+        cannot score (e.g. a code test the sandbox's reports cannot decide)."""
         batch = ScoreBatch(completions=[""] * len(records), records=records)
         for part in self.parts:
             for field in part.requires:
                 require_field(batch, field, part.label)
+            if part.check is not None:
+                part.check(records)
 
     def score(
         self,
@@ -107,11 +111,13 @@ def build_reward(spec: str, *, tokenizer: Any = None, settings: RewardSettings |
             builtin = BUILTINS[term.name]
             options = build_options(builtin, term.options)
             scorer = builtin.make(options, settings) if builtin.uses_settings else builtin.make(options)
-            requires = builtin.requires
+            requires, check = builtin.requires, builtin.check_records
         else:
             scorer = make_user_scorer(term.name, timeout_s=settings.user_code_timeout_s)
-            requires = ()
+            requires, check = (), None
         label = _unique(term.name, taken)
         taken.add(label)
-        parts.append(RewardPart(label=label, weight=term.weight, scorer=scorer, requires=requires, term=term))
+        parts.append(
+            RewardPart(label=label, weight=term.weight, scorer=scorer, requires=requires, term=term, check=check)
+        )
     return RewardModel(parts, spec=spec, tokenizer=tokenizer)
