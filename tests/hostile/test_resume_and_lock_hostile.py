@@ -58,7 +58,43 @@ DAMAGE = [
     ("step-mismatch", lambda out: _edit_state(out, step=7), ["says step 7"]),
     ("other-config", lambda out: _edit_state(out, config_hash="0000"), ["different plan or run config"]),
     ("rng-garbage", lambda out: (_state(out).parent / "rng.pt").write_bytes(b"garbage"), ["cannot be read"]),
+    ("shard-cut-in-half", lambda out: _cut(_shard(out)), ["is cut short"]),
+    ("shard-missing", lambda out: _shard(out).unlink(), ["is missing"]),
+    ("rng-planted-pickle", lambda out: _plant(out, "rng.pt"), ["rng.pt' cannot be read", "UnpicklingError"]),
+    ("worker-rng-planted-pickle", lambda out: _plant(out, "rng-worker-0.pt"), ["rng-worker-0.pt' cannot be read"]),
+    ("metadata-planted-pickle", lambda out: _plant(out, "actor/.metadata"), [".metadata' cannot be read"]),
 ]
+
+
+def _shard(out: Path) -> Path:
+    return next((_state(out).parent / "actor").glob("*.distcp"))
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+class _Planted:
+    """Runs code when unpickled: what a hostile file planted in a run directory holds."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def _plant(out: Path, name: str) -> None:
+    import pickle
+
+    import torch
+
+    marker = str(out / "code-ran")
+    target = _state(out).parent / name
+    if name.endswith(".metadata"):
+        target.write_bytes(pickle.dumps(_Planted(marker)))
+    else:
+        torch.save({"python": _Planted(marker), "numpy": 1, "torch": 2}, target)
 
 
 @pytest.mark.parametrize("name,damage,fragments", DAMAGE, ids=[d[0] for d in DAMAGE])
@@ -70,6 +106,7 @@ def test_damaged_checkpoint_refused(finished_run, tmp_path, name, damage, fragme
     assert_refused(result, 2, *fragments)
     assert (out / "metrics.jsonl").read_bytes() == before  # refused before anything was cut or written
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    assert not (out / "code-ran").exists()  # a planted pickle is data, never code
 
 
 def _steps(out: Path) -> list[int]:
