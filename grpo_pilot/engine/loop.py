@@ -45,6 +45,7 @@ from grpo_pilot.engine.checkpoint import (
     restore_rng,
 )
 from grpo_pilot.engine.failures import CrashError, failure_record
+from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
 from grpo_pilot.engine.metrics import LiveDisplay
 from grpo_pilot.engine.notes import run_notes
 from grpo_pilot.engine.profiling import (
@@ -171,6 +172,14 @@ def grpo_step(eng: Engine, step: int) -> StepResult:
         if samples
         else torch.zeros(0)
     )
+    if not bool(torch.isfinite(advantages).all()):  # float32: what the loss multiplies (engine/finite.py)
+        raise NonFiniteError(
+            f"The advantages of step {step} are not finite in float32 (rewards from {min(batch.rewards):g} to "
+            f"{max(batch.rewards):g}).",
+            FLOAT32_HINT,
+            phase="reward",
+            step=step,
+        )
 
     # 5. old-policy and reference log-probs
     groups_per_mb = eng.mini_batch_prompts

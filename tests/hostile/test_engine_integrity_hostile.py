@@ -31,3 +31,58 @@ def test_code_tests_that_cannot_be_judged_are_refused(scratch, tmp_path, name, t
     args = [TINY_PLAN, *RUN_CODE, "--dataset", data, "--out", scratch.root / "run"]
     assert_refused(invoke(app, args), 2, "cannot judge test 2 of line 3", fragment)
     scratch.check()
+
+
+def assert_failed(result, *fragments: str) -> str:
+    """Exit 1 (a run failure) through SystemExit, one paragraph starting 'failed: ', no traceback."""
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if not line.startswith(("warning: ", "note: "))]
+    assert lines and lines[-1].startswith("failed: ") and len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+    return result.stderr
+
+
+REWARD_VALUES = [
+    ("1e39", "1e39", "beyond float32"),  # finite in float64, infinite in float32
+    ("1e300", "1e300 if len(completion) % 2 else -1e300", "beyond float32"),
+    ("10**400", "10**400", "a number of about 401 digits"),
+    ("nan", "float('nan')", "returned nan"),
+]
+
+
+@pytest.mark.parametrize("name,expr,fragment", REWARD_VALUES, ids=[c[0] for c in REWARD_VALUES])
+def test_rewards_beyond_float32_stop_the_run_before_any_update(tmp_path, name, expr, fragment):
+    reward = tmp_path / "huge.py"
+    reward.write_text(f"def score(completion, record):\n    return {expr}\n")
+    out = tmp_path / "run"
+    args = [TINY_PLAN, *RUN_GOOD, "--reward", f"{reward}:score", "--out", out, "--set", "checkpoint_every=1"]
+    assert_failed(invoke(app, args), "The reward", fragment)
+    failure = json.loads((out / "failure.json").read_text())
+    assert failure["kind"] == "crash" and failure["phase"] == "reward" and failure["step"] == 1
+    assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step-*"))
+    assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""
+
+
+def test_a_batched_reward_returning_a_dict_is_refused(tmp_path):
+    reward = tmp_path / "keys.py"
+    reward.write_text("def score(completions, records):\n    return {0.5: 'a', 1.0: 'b'}\n")
+    out = tmp_path / "run"
+    args = [TINY_PLAN, *RUN_GOOD, "--reward", f"{reward}:score", "--out", out]
+    assert_failed(invoke(app, args), "returned dict, not a list of numbers")
+
+
+WEIGHTS = [
+    ("1e308-each", "char_fraction:char=a;weight=1e308,length=1e308:max_len=16", "beyond float32"),
+    ("sum-overflows", "char_fraction:char=a;weight=3e38,length=3e38:max_len=16", "can sum to 6e+38"),
+]
+
+
+@pytest.mark.parametrize("name,spec,fragment", WEIGHTS, ids=[c[0] for c in WEIGHTS])
+def test_reward_weights_that_overflow_float32_are_refused(scratch, name, spec, fragment):
+    scratch.mark()
+    args = [TINY_PLAN, *RUN_GOOD, "--reward", spec, "--out", scratch.root / "run"]
+    assert_refused(invoke(app, args), 2, fragment)
+    scratch.check()

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from grpo_pilot.engine.data.records import PromptRecord
-from grpo_pilot.engine.rewards.registry import BUILTINS, build_options
+from grpo_pilot.engine.finite import FLOAT32_HINT, FLOAT32_MAX, NonFiniteError, fits_float32
+from grpo_pilot.engine.rewards.registry import BUILTINS, SCORE_BOUND, build_options
 from grpo_pilot.engine.rewards.result import RewardResult, ScoreBatch, Scorer, checked_scores
 from grpo_pilot.engine.rewards.settings import RewardSettings
 from grpo_pilot.engine.rewards.spec import RewardTerm, parse_spec
 from grpo_pilot.engine.rewards.text import require_field
 from grpo_pilot.engine.rewards.user import make_user_scorer
+from grpo_pilot.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,13 @@ class RewardModel:
                 require_field(batch, field, part.label)
             parts[part.label] = checked_scores(part.scorer(batch), len(completions), part.label)
         total = tuple(sum(p.weight * parts[p.label][i] for p in self.parts) for i in range(len(completions)))
+        for i, value in enumerate(total):
+            if not fits_float32(value):
+                raise NonFiniteError(
+                    f"The weighted reward {self.describe()} is {value:g} for completion {i}, beyond float32.",
+                    FLOAT32_HINT,
+                    phase="reward",
+                )
         return RewardResult(total=total, parts=parts, weights={p.label: p.weight for p in self.parts})
 
 
@@ -120,4 +129,24 @@ def build_reward(spec: str, *, tokenizer: Any = None, settings: RewardSettings |
         parts.append(
             RewardPart(label=label, weight=term.weight, scorer=scorer, requires=requires, term=term, check=check)
         )
+    _check_weights(parts)
     return RewardModel(parts, spec=spec, tokenizer=tokenizer)
+
+
+def _check_weights(parts: Sequence[RewardPart]) -> None:
+    """Weights whose products with the scores cannot overflow float32 (engine/finite.py): each weight fits,
+    and the built-ins, whose scores lie in [-SCORE_BOUND, SCORE_BOUND], cannot sum past float32's range."""
+    for part in parts:
+        if not fits_float32(part.weight):
+            raise InputError(
+                f"The weight {part.weight:g} of reward '{part.label}' is beyond float32 (±3.4e38), the precision "
+                "rewards are trained in.",
+                "Use weights of order 1.",
+            )
+    builtin_sum = sum(abs(p.weight) * SCORE_BOUND for p in parts if p.term.kind == "builtin")
+    if builtin_sum > FLOAT32_MAX:
+        raise InputError(
+            f"The reward weights of {' + '.join(f'{p.weight:g} x {p.label}' for p in parts)} can sum to "
+            f"{builtin_sum:g}, beyond float32 (±3.4e38), the precision rewards are trained in.",
+            "Use weights of order 1.",
+        )

@@ -30,6 +30,9 @@ from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 
 
+SCORE_BOUND = 1.0  # every built-in scores within [-1, 1]: see each scorer in text.py and code.py
+
+
 @dataclass(frozen=True)
 class Builtin:
     """A built-in reward: `make(options)` builds its scorer (`make(options, settings)` when
