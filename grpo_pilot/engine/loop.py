@@ -56,8 +56,8 @@ from grpo_pilot.engine.profiling import (
     rank_profile,
     write_profile_json,
 )
-from grpo_pilot.engine.run_config import RunConfig, capped_threads
-from grpo_pilot.engine.run_dir import RunDirectory
+from grpo_pilot.engine.run_config import RunConfig, capped_threads, previous_config_hash
+from grpo_pilot.engine.run_dir import RunDirectory, check_run_target
 from grpo_pilot.errors import GrpoPilotError, InputError
 from grpo_pilot.outputs import DirectoryLock, discard_created_dir, prepare_output_dir
 from grpo_pilot.planner.plan import Plan
@@ -275,6 +275,7 @@ def run(
     """Execute `plan` with `config`; writes metrics.jsonl, lengths.jsonl, checkpoints and profile.json under
     output_dir, and failure.json when the run fails. `address`: a Ray cluster to join ("auto", "HOST:PORT");
     None starts a local one when the plan has several workers."""
+    check_run_target(config.output_dir)
     created = prepare_output_dir(config.output_dir, flag="--out", what="run directory")
     lock = DirectoryLock(config.output_dir, "grpo-run").acquire()  # a second run on this --out is refused
     try:
@@ -292,11 +293,14 @@ def _run_locked(
 ) -> RunResult:
     """`run` once its output directory is locked."""
     rd = RunDirectory(config.output_dir)
-    config_hash = config.hash(plan.model_dump_json())
+    plan_json = plan.model_dump_json()
+    config_hash = config.hash(plan_json)
     rd.check_start(resume=config.resume)
     if config.threads is not None:
         torch.set_num_threads(capped_threads(config.threads))
     ckpt = latest_checkpoint(rd.path, config_hash=config_hash) if config.resume else None
+    if config.resume and ckpt is None:
+        rd.check_start_over(previous_config_hash(rd.path, plan_json) == config_hash)
     _seed_everything(config.seed)
     rd.clear_failure()
     step: int | None = None

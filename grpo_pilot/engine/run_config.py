@@ -178,6 +178,17 @@ class RunConfig(Frozen):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def previous_config_hash(output_dir: str | Path, plan_json: str) -> str | None:
+    """The hash (`RunConfig.hash`) of the run_config.json an earlier start wrote in `output_dir`, if readable."""
+    path = Path(output_dir) / "run_config.json"
+    try:
+        with open(path, "rb") as handle:
+            raw = parse_json(handle.read(1 << 20).decode("utf-8"))
+        return RunConfig.model_validate(raw).hash(plan_json)
+    except (OSError, UnicodeDecodeError, JsonProblem, ValidationError, TypeError):
+        return None
+
+
 def capped_threads(threads: int) -> int:
     """`threads` capped to this machine's CPUs (more threads than cores only slow torch down)."""
     return max(1, min(threads, os.cpu_count() or 1))

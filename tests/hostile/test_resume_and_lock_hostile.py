@@ -183,3 +183,56 @@ def test_two_runs_on_one_out(tmp_path):
     assert first.returncode == 0, err.decode()
     assert _steps(out) == [1, 2, 3, 4]
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+FOREIGN = [
+    ("profile.json", b'{"my": "notes"}\n'),
+    ("workers.json", b"[1, 2, 3]\n"),
+    ("run_config.json", b'{"learning_rate": 0.1}\n'),
+    ("failure.json", b"my failures\n"),
+    ("lengths.jsonl", b'{"step": 1, "note": "mine"}\n'),
+    ("metrics.jsonl", b"step,loss\n1,0.5\n"),
+]
+
+
+@pytest.mark.parametrize("name,content", FOREIGN, ids=[c[0] for c in FOREIGN])
+def test_files_with_our_names_that_are_not_ours_are_refused(scratch, name, content):
+    out = scratch.root / "run"
+    out.mkdir()
+    (out / name).write_bytes(content)
+    scratch.mark()
+    for extra in ([], ["--resume"]):  # a fresh run and a resume alike
+        err = assert_refused(invoke(app, [*RESUME, "--steps", "1", "--out", out, *extra]), 2, name, "left untouched")
+        assert "not a run's" in err
+    scratch.check()
+
+
+def test_resume_without_checkpoints_never_erases_logs_it_did_not_write(finished_run, tmp_path):
+    """Checkpoints gone: another run's logs (or logs with no run_config.json) are refused, not truncated."""
+    out = _copy(finished_run, tmp_path)
+    shutil.rmtree(out / "checkpoints")
+    logs = {name: (out / name).read_bytes() for name in ("metrics.jsonl", "lengths.jsonl")}
+    other = [*RESUME, "--set", "lr=3e-6", "--steps", "3", "--resume", "--out", out]  # another run's settings
+    assert_refused(invoke(app, other), 2, "found no checkpoint", "would erase them")
+    (out / "run_config.json").unlink()
+    assert_refused(invoke(app, [*RESUME, "--steps", "3", "--resume", "--out", out]), 2, "found no checkpoint")
+    assert {name: (out / name).read_bytes() for name in logs} == logs
+
+
+def test_resume_without_checkpoints_starts_over_its_own_run(finished_run, tmp_path):
+    out = _copy(finished_run, tmp_path)
+    shutil.rmtree(out / "checkpoints")
+    result = invoke(app, [*RESUME, "--steps", "1", "--resume", "--out", out])
+    assert result.exit_code == 0, result.output
+    assert _steps(out) == [1]  # the same run started over: its own logs were cut, not appended to
+
+
+def test_empty_or_current_directory_as_out_is_refused(scratch, monkeypatch):
+    (scratch.root / "my-notes.txt").write_text("mine\n")
+    base = [os.path.abspath(a) if a.startswith("examples/") else a for a in RESUME]
+    monkeypatch.chdir(scratch.root)
+    scratch.mark()
+    assert_refused(invoke(app, [*base, "--steps", "1", "--out", ""]), 2, "output directory is empty")
+    for out in (".", "./", str(scratch.root)):
+        assert_refused(invoke(app, [*base, "--steps", "1", "--out", out]), 2, "is the current directory")
+    scratch.check()
