@@ -208,6 +208,9 @@ DATA_CASES = [
     ("nan", b'{"prompt": "a", "answer": NaN}\n', (), "NaN"),
     ("empty", b"\n\n", (), "no usable prompt"),
     ("not-object", b"[1]\n", (), "invalid line"),
+    ("lone-surrogate", b'{"prompt": "a"}\n{"prompt": "caf\\ud800"}\n', (), "data.jsonl:2: field 'prompt'"),
+    ("lone-surrogate-chat", b'{"messages": [{"role": "user", "content": "\\udfff"}]}\n', (), "lone surrogate"),
+    ("lone-surrogate-all-skipped", b'{"prompt": "\\ud800"}\n', ("--skip-invalid",), "no usable prompt"),
 ]
 
 
