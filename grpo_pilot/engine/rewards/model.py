@@ -58,6 +58,13 @@ class RewardModel:
         """Human-readable sum, e.g. '1 x exact_match + 0.5 x format'."""
         return " + ".join(f"{p.weight:g} x {p.label}" for p in self.parts)
 
+    def close(self) -> None:
+        """Stop the worker processes of user reward functions (and every process they started)."""
+        for part in self.parts:
+            close = getattr(part.scorer, "close", None)
+            if callable(close):
+                close()
+
     def check_records(self, records: Sequence[PromptRecord]) -> None:
         """Raise `InputError` if some record lacks a field one of the parts reads, or holds what a part
         cannot score (e.g. a code test the sandbox's reports cannot decide)."""
