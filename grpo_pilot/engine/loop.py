@@ -23,10 +23,12 @@ exactly what the uninterrupted one would have.
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -44,7 +46,7 @@ from grpo_pilot.engine.checkpoint import (
     latest_checkpoint,
     restore_rng,
 )
-from grpo_pilot.engine.failures import CrashError, failure_record
+from grpo_pilot.engine.failures import CrashError, Interrupted, failure_record
 from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
 from grpo_pilot.engine.metrics import LiveDisplay
 from grpo_pilot.engine.notes import run_notes
@@ -278,6 +280,7 @@ def run(
     check_run_target(config.output_dir)
     created = prepare_output_dir(config.output_dir, flag="--out", what="run directory")
     lock = DirectoryLock(config.output_dir, "grpo-run").acquire()  # a second run on this --out is refused
+    previous = _catch_termination()
     try:
         return _run_locked(plan, config, plan_path=plan_path, quiet=quiet, console=console, address=address)
     except InputError:
@@ -286,6 +289,34 @@ def run(
         raise
     finally:
         lock.release()
+        _restore_termination(previous)
+
+
+def _record_and_reraise(rd: RunDirectory, exc: BaseException, *, phase: str | None, step: int | None) -> NoReturn:
+    """failure.json for a run failure or an interruption, then the exception again (an interruption says
+    where it stopped: the one line grpo-run prints)."""
+    failure = failure_record(exc, phase=phase, step=step)
+    rd.write_failure(failure)
+    if isinstance(exc, KeyboardInterrupt):
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        raise Interrupted(signum, f"{failure.message}; failure.json records it") from None
+    raise exc
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def _catch_termination() -> Any:
+    """SIGTERM stops the run as Ctrl-C does (`Interrupted`): failure.json, workers closed, lock released."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _terminated)
+
+
+def _restore_termination(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_locked(
@@ -309,9 +340,8 @@ def _run_locked(
         eng = build_engine(plan, config, plan_path=plan_path, address=address)
     except InputError:
         raise
-    except GrpoPilotError as exc:
-        rd.write_failure(failure_record(exc, phase=phase))
-        raise
+    except (GrpoPilotError, KeyboardInterrupt) as exc:
+        _record_and_reraise(rd, exc, phase=phase, step=None)
     done: list[StepResult] = []
     start_step = 0
     try:
@@ -359,9 +389,8 @@ def _run_locked(
         shared = eng.group.shared_forwards()
     except InputError:
         raise
-    except GrpoPilotError as exc:
-        rd.write_failure(failure_record(exc, phase=eng.group.current_phase or phase, step=step))
-        raise
+    except (GrpoPilotError, KeyboardInterrupt) as exc:  # Ctrl-C and SIGTERM (Interrupted) too
+        _record_and_reraise(rd, exc, phase=eng.group.current_phase or phase, step=step)
     except Exception as exc:  # a bug on the driver's side: recorded like any failure, reported in one paragraph
         failure = failure_record(exc, phase=eng.group.current_phase or phase, step=step)
         rd.write_failure(failure)
@@ -372,6 +401,7 @@ def _run_locked(
             step=step,
         ) from exc
     finally:
+        eng.reward.close()  # user reward workers and every process they started
         eng.group.close()
     return _finish(plan, eng, rd, done, start_step, shared)
 

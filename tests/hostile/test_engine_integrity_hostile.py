@@ -86,3 +86,63 @@ def test_reward_weights_that_overflow_float32_are_refused(scratch, name, spec, f
     args = [TINY_PLAN, *RUN_GOOD, "--reward", spec, "--out", scratch.root / "run"]
     assert_refused(invoke(app, args), 2, fragment)
     scratch.check()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_run_like_a_failure(tmp_path, signame):
+    """SIGTERM / SIGINT during the reward phase: failure.json says where, the reward's worker is stopped,
+    the lock is released, one line is printed and the exit status is 130 (README)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from grpo_pilot.outputs import LOCK_NAME, DirectoryLock
+
+    started = tmp_path / "reward-started"
+    reward = tmp_path / "slow.py"
+    reward.write_text(
+        "import os, time\n"
+        "def score(completion, record):\n"
+        f"    open({str(started)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+        f"    os.replace({str(started)!r} + '.tmp', {str(started)!r})\n"
+        "    time.sleep(600)\n"
+    )
+    out = tmp_path / "run"
+    argv = [sys.executable, "-c", "from grpo_pilot.cli import run_entry; run_entry()", TINY_PLAN, *RUN_GOOD]
+    argv += ["--reward", f"{reward}:score", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not started.exists():  # the event: the reward is running (step 1, reward phase)
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        worker = int(started.read_text())
+        proc.send_signal(getattr(signal, signame))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [
+        f"interrupted: terminated by signal {signame} in the reward phase of step 1; failure.json records it"
+    ]
+    failure = json.loads((out / "failure.json").read_text())
+    assert failure["kind"] == "interrupted" and failure["phase"] == "reward" and failure["step"] == 1
+    assert signame in failure["message"]
+    assert not _alive(worker)  # the reward's worker process is gone with the run
+    with DirectoryLock(out, "test"):  # the lock was released
+        pass
+    assert (out / LOCK_NAME).exists() and not list(out.glob("checkpoints/step-*"))
