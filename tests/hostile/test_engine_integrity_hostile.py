@@ -146,3 +146,41 @@ def test_a_signal_stops_the_run_like_a_failure(tmp_path, signame):
     with DirectoryLock(out, "test"):  # the lock was released
         pass
     assert (out / LOCK_NAME).exists() and not list(out.glob("checkpoints/step-*"))
+
+
+def test_a_gpu_plan_on_a_machine_without_those_gpus_is_refused_before_any_cluster_starts(scratch, tmp_path):
+    import sys
+
+    from hostile_helpers import TINY_MODEL_FLAGS
+
+    from grpo_pilot.cli_plan import app as plan_app
+
+    plan = tmp_path / "plan-8gpu.json"
+    flags = [f if f != "1xcpu" else "8xH100-80G" for f in TINY_MODEL_FLAGS]
+    made = invoke(plan_app, [*flags, "--out", plan])
+    assert made.exit_code == 0, made.output
+    scratch.mark()
+    result = invoke(app, [plan, *RUN_GOOD, "--out", scratch.root / "run"])
+    assert_refused(result, 2, "runs 8 GPU worker(s)", "this machine has 0 GPU(s)", "--device cpu")
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized()  # refused before Ray was started (or even imported)
+    scratch.check()
+
+
+def test_gpus_smaller_than_the_plans_are_refused():
+    from grpo_pilot.engine.ray_cluster import check_local_gpus
+    from grpo_pilot.engine.topology import build_topology
+    from grpo_pilot.errors import InputError
+
+    topo = build_topology(
+        num_nodes=1, per_node=2, placement="colocated", rollout_per_node=0, rollout_tp=1, device_kind="cuda"
+    )
+    h100 = 80 * 2**30
+    check_local_gpus(topo, "cuda", plan_gpu="H100-80G", plan_gpu_bytes=h100, local=[("H100", h100)] * 2)
+    check_local_gpus(topo, "cpu", plan_gpu="H100-80G", plan_gpu_bytes=h100, local=[])  # --device cpu
+    with pytest.raises(InputError, match="this machine has 1 GPU"):
+        check_local_gpus(topo, "cuda", plan_gpu="H100-80G", plan_gpu_bytes=h100, local=[("H100", h100)])
+    with pytest.raises(InputError, match="GPU 1 here is RTX 4090 with 24.0 GiB"):
+        check_local_gpus(
+            topo, "cuda", plan_gpu="H100-80G", plan_gpu_bytes=h100, local=[("H100", h100), ("RTX 4090", 24 << 30)]
+        )
