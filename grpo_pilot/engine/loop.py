@@ -434,6 +434,7 @@ def _finish(
         mean_response_tokens=float(np.mean(lengths)) if lengths else None,
         notes=notes,
         ranks=ranks,
+        rollout_backend=rollout.backend,
     )
     if done:  # a resume with nothing left to do keeps the previous profile.json
         write_profile_json(rd.path / "profile.json", profile)
