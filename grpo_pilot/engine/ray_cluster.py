@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +126,13 @@ def _probe(address: str) -> None:
 # The catalogue holds the total the driver reports (hardware/gpus.py `memory_bytes`), which is what torch's
 # total_memory (cudaGetDeviceProperties totalGlobalMem) gives too; 5 % slack for driver and board variants.
 GPU_MEMORY_MATCH = 0.95
+
+
+def in_ray_session() -> bool:
+    """Whether this process is already connected to a Ray cluster (which may span other machines); never
+    imports Ray itself."""
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
 
 
 def local_gpus() -> list[tuple[str, int]]:
