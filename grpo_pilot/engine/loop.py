@@ -41,6 +41,7 @@ from rich.console import Console
 
 from grpo_pilot.engine.checkpoint import (
     DAMAGED_HINT,
+    Checkpoint,
     begin_checkpoint,
     finish_checkpoint,
     latest_checkpoint,
@@ -153,6 +154,22 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def _advantages(rewards: list[float], n: int, cfg: RunConfig, step: int) -> torch.Tensor:
+    """Group advantages in float32 — what the loss multiplies — checked finite there (engine/finite.py)."""
+    if not rewards:
+        return torch.zeros(0)
+    advantages = compute_advantages(torch.tensor(rewards, dtype=torch.float32), n, scale=cfg.adv_scale, eps=cfg.adv_eps)
+    if not bool(torch.isfinite(advantages).all()):
+        raise NonFiniteError(
+            f"The advantages of step {step} are not finite in float32 (rewards from {min(rewards):g} to "
+            f"{max(rewards):g}).",
+            FLOAT32_HINT,
+            phase="reward",
+            step=step,
+        )
+    return advantages
+
+
 def grpo_step(eng: Engine, step: int) -> StepResult:
     """One GRPO step (module docstring)."""
     group, cfg, n = eng.group, eng.config, eng.n
@@ -169,19 +186,7 @@ def grpo_step(eng: Engine, step: int) -> StepResult:
     num_groups = len(samples) // n
 
     # 4. advantages, one per completion, from its group's rewards
-    advantages = (
-        compute_advantages(torch.tensor(batch.rewards, dtype=torch.float32), n, scale=cfg.adv_scale, eps=cfg.adv_eps)
-        if samples
-        else torch.zeros(0)
-    )
-    if not bool(torch.isfinite(advantages).all()):  # float32: what the loss multiplies (engine/finite.py)
-        raise NonFiniteError(
-            f"The advantages of step {step} are not finite in float32 (rewards from {min(batch.rewards):g} to "
-            f"{max(batch.rewards):g}).",
-            FLOAT32_HINT,
-            phase="reward",
-            step=step,
-        )
+    advantages = _advantages(batch.rewards, n, cfg, step)
 
     # 5. old-policy and reference log-probs
     groups_per_mb = eng.mini_batch_prompts
@@ -292,6 +297,16 @@ def run(
         _restore_termination(previous)
 
 
+def _resume_point(rd: RunDirectory, config: RunConfig, plan_json: str, config_hash: str) -> Checkpoint | None:
+    """The checkpoint a --resume continues from; without one, starting over must not erase another run's logs."""
+    if not config.resume:
+        return None
+    ckpt = latest_checkpoint(rd.path, config_hash=config_hash)
+    if ckpt is None:
+        rd.check_start_over(previous_config_hash(rd.path, plan_json) == config_hash)
+    return ckpt
+
+
 def _record_and_reraise(rd: RunDirectory, exc: BaseException, *, phase: str | None, step: int | None) -> NoReturn:
     """failure.json for a run failure or an interruption, then the exception again (an interruption says
     where it stopped: the one line grpo-run prints)."""
@@ -329,9 +344,7 @@ def _run_locked(
     rd.check_start(resume=config.resume)
     if config.threads is not None:
         torch.set_num_threads(capped_threads(config.threads))
-    ckpt = latest_checkpoint(rd.path, config_hash=config_hash) if config.resume else None
-    if config.resume and ckpt is None:
-        rd.check_start_over(previous_config_hash(rd.path, plan_json) == config_hash)
+    ckpt = _resume_point(rd, config, plan_json, config_hash)
     _seed_everything(config.seed)
     rd.clear_failure()
     step: int | None = None
