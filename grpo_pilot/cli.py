@@ -25,7 +25,7 @@ def report_error(exc: GrpoPilotError) -> None:
 
 
 def handle_errors(fn: F) -> F:
-    """Decorator for typer commands: GrpoPilotError -> message + exit code; Ctrl-C -> exit 130."""
+    """Decorator for typer commands: GrpoPilotError -> message + exit code; Ctrl-C or SIGTERM -> exit 130."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -34,8 +34,9 @@ def handle_errors(fn: F) -> F:
         except GrpoPilotError as exc:
             report_error(exc)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where a command turns it into this (grpo-run, -tune)
+            why = str(exc)
+            print(f"interrupted: {why}" if why else "interrupted", file=sys.stderr)
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]

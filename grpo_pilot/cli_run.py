@@ -5,7 +5,8 @@ setting of `RunConfig`). Outputs in the output directory: metrics.jsonl, checkpo
 profile.json (measured vs predicted per phase) and run_config.json. Exit status 2 for bad input
 (missing/corrupt plan, bad dataset line, bad reward spec, an --out that is not a directory or is
 locked by another run, ...), 3 when the plan does not fit (marked so, or re-checked by the planner;
-`--force` runs it anyway), 1 when the run itself fails.
+`--force` runs it anyway), 1 when the run itself fails, 130 on Ctrl-C or SIGTERM (after failure.json kind
+"interrupted", the workers stopped and the lock released).
 """
 
 from __future__ import annotations

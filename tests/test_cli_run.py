@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -133,13 +134,17 @@ def test_run_failure_exits_1_with_one_paragraph_and_failure_json(tmp_path):
     assert failure["kind"] == "oom" and failure["step"] == 1 and failure["worker"] == "worker 0 (trainer+rollout)"
 
 
-def test_ulysses_and_unreachable_ray_clusters_are_refused_up_front(tmp_path):
+def test_ulysses_is_refused_up_front(tmp_path):
     from grpo_pilot.planner.plan import load_plan, save_plan
 
     plan = load_plan(PLAN)
     sp = tmp_path / "sp.json"
     save_plan(plan.model_copy(update={"knobs": plan.knobs.model_copy(update={"ulysses_sp": 2})}), sp)
     assert_input_error(invoke(str(sp), *GOOD, "--out", str(tmp_path / "a")), "ulysses_sp=2", "--pin ulysses_sp=1")
+
+
+def test_unreachable_ray_clusters_are_refused_up_front(tmp_path):
+    pytest.importorskip("ray")  # the `ray` extra: only plans with several workers (or --address) need it
     result = invoke(PLAN, *GOOD, "--out", str(tmp_path / "b"), "--address", "127.0.0.1:1")  # nothing listens there
     assert_input_error(result, "Cannot join the Ray cluster at '127.0.0.1:1'", "ray start")
     assert not (tmp_path / "b" / "metrics.jsonl").exists()

@@ -63,6 +63,7 @@ from torch import Tensor
 from grpo_pilot.engine.algos.dapo import mask_truncated
 from grpo_pilot.engine.algos.logprobs import chunked_token_logprobs, entropy_from_logits, token_logprobs
 from grpo_pilot.engine.algos.policy_loss import policy_loss
+from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
 from grpo_pilot.engine.micro_batches import equalise_bins, plan_micro_batches
 from grpo_pilot.engine.settings import ActorSettings
 from grpo_pilot.engine.shared_prefix import prefix_batch, shared_prefix_hidden, shared_prefix_unsupported
@@ -497,6 +498,11 @@ class Actor:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), st.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):  # DTensor (FSDP2): the global norm, replicated
             grad_norm = grad_norm.full_tensor()
+        if not bool(torch.isfinite(grad_norm)):  # the same global norm on every rank: all stop before the step
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(
+                f"The gradient norm is {float(grad_norm)}: the loss or its gradient overflowed.", FLOAT32_HINT
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         sum_keys, weighted_keys = sorted(sums), sorted(weighted)

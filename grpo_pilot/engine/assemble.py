@@ -21,6 +21,7 @@ import torch
 from grpo_pilot.engine.actor import LossSettings
 from grpo_pilot.engine.data import PromptSampler, PromptSet, load_prompts, render_prompt
 from grpo_pilot.engine.model_factory import build_tokenizer
+from grpo_pilot.engine.ray_cluster import check_local_gpus, in_ray_session, local_gpus
 from grpo_pilot.engine.rewards import RewardSettings, build_reward
 from grpo_pilot.engine.rollout import SamplingConfig
 from grpo_pilot.engine.run_config import RunConfig, capped_threads
@@ -198,6 +199,14 @@ def build_engine(
     loss = resolve_loss(plan, cfg, max_new)
     backend = cfg.rollout_backend or k.rollout_backend
     topology = _check_executable(plan, backend)
+    if address is None and not in_ray_session():  # this machine alone: its GPUs must hold the plan, before Ray
+        check_local_gpus(
+            topology,
+            "cpu" if cfg.device == "cpu" else topology.device_kind,
+            plan_gpu=plan.cluster.gpu.name,
+            plan_gpu_bytes=plan.cluster.gpu.memory_bytes,
+            local=local_gpus(),
+        )
     device = pick_device(cfg.device)
 
     source = model_source(plan, plan_path)

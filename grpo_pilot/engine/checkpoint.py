@@ -3,7 +3,8 @@
 Layout: `<output_dir>/checkpoints/step-000010/` holding
 - `actor/` — the training ranks' model and optimizer shards (torch.distributed.checkpoint, written by
   the workers: engine/dist_checkpoint.py), and `rng-worker-<i>.pt` for every worker;
-- `rng.pt` (the driver's python `random`, numpy, torch CPU and every CUDA device generator),
+- `rng.pt` (the driver's python `random`, numpy, torch CPU and every CUDA device generator, as plain
+  tensors and numbers: `torch.load(weights_only=True)` reads it, so a file planted there cannot run code),
 - `state.json` (step, sampler position, config hash, byte lengths of metrics.jsonl and lengths.jsonl).
 A checkpoint is written into `checkpoints/.tmp-step-000010-<pid>/` (`begin_checkpoint`: the workers
 write their parts there), every file fsynced, and then renamed to its final name (`finish_checkpoint`,
@@ -18,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +26,13 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, ValidationError
 
+from grpo_pilot.engine.dist_checkpoint import verify_actor_files
+from grpo_pilot.engine.rng_state import DAMAGED_HINT, capture_rng, load_rng_file, restore_rng
 from grpo_pilot.errors import InputError
 from grpo_pilot.inputs import read_json_file, validation_problem
 from grpo_pilot.models import Frozen
+
+__all__ = ["DAMAGED_HINT", "Checkpoint", "capture_rng", "latest_checkpoint", "load_checkpoint", "restore_rng"]
 
 CKPT_DIR = "checkpoints"
 PREFIX = "step-"
@@ -58,31 +61,6 @@ class CheckpointState(Frozen):
     lengths_bytes: int | None = Field(
         default=None, ge=0, description="Length of lengths.jsonl then (None: written before that file existed)."
     )
-
-
-DAMAGED_HINT = "Delete that checkpoint directory to resume from the previous one, or start a new run (another --out)."
-
-
-def capture_rng() -> dict[str, Any]:
-    """Every generator the run draws from."""
-    import numpy as np
-    import torch
-
-    rng: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    return rng
-
-
-def restore_rng(rng: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def _fsync_dir(path: Path) -> None:
@@ -176,17 +154,14 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read one checkpoint directory's state and driver RNG (the actor's tensors are the workers' to load)."""
-    import torch
-
+    """Read one checkpoint directory's state and driver RNG, and check the actor's files (tensors only, every
+    shard present and complete) before any worker loads them."""
     p = Path(path)
     state = _read_state(p)
-    try:
-        rng = torch.load(p / "rng.pt", map_location="cpu", weights_only=False)  # python/numpy RNG states: our own file
-    except (OSError, pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
-        raise InputError(f"Checkpoint '{p}' cannot be read ({type(exc).__name__}: {exc}).", DAMAGED_HINT) from None
-    if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
-        raise InputError(f"Checkpoint '{p}' cannot be read: rng.pt lacks the generator states.", DAMAGED_HINT)
+    rng = load_rng_file(p / "rng.pt")
+    for worker_rng in sorted(p.glob("rng-worker-*.pt")):  # the workers read theirs: check them here first
+        load_rng_file(worker_rng)
+    verify_actor_files(p)
     return Checkpoint(path=p, step=int(state["step"]), rng=rng, state=state)
 
 

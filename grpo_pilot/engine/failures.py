@@ -5,7 +5,7 @@
     failure_record(exc, ...)        -> Failure; `write_failure(out, failure)` writes <out>/failure.json
 
 failure.json (written atomically on every run failure, removed when a run starts):
-    {"kind": "oom" | "worker_died" | "crash", "worker": str | null, "phase": str | null,
+    {"kind": "oom" | "worker_died" | "crash" | "interrupted", "worker": str | null, "phase": str | null,
      "step": int | null, "message": str}
 `worker` names the worker as the run's output does ("worker 1 (trainer+rollout)"), `phase` is one of
 planner/rules.RUN_PHASES (or "checkpoint"/"start") and `step` the GRPO step under way.
@@ -15,6 +15,7 @@ The errors survive pickling (Ray hands a worker's exception to the driver as its
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +24,7 @@ from grpo_pilot.errors import GrpoPilotError, RunError
 from grpo_pilot.models import Frozen
 
 FAILURE_FILE = "failure.json"
-FailureKind = Literal["oom", "worker_died", "crash"]
+FailureKind = Literal["oom", "worker_died", "crash", "interrupted"]
 
 
 class _Located(RunError):
@@ -69,6 +70,16 @@ class CrashError(_Located):
     kind: FailureKind = "crash"
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM reached grpo-run: the run stops like a failure (failure.json kind
+    "interrupted", workers closed, lock released) and the command exits 130."""
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+        super().__init__(message or f"terminated by signal {self.signame}")
+
+
 class Failure(Frozen):
     """The content of failure.json."""
 
@@ -89,6 +100,11 @@ def failure_record(exc: BaseException, *, phase: str | None = None, step: int | 
             step=exc.step if exc.step is not None else step,
             message=exc.paragraph(),
         )
+    if isinstance(exc, KeyboardInterrupt):
+        signame = exc.signame if isinstance(exc, Interrupted) else "SIGINT"
+        where = f" in the {phase} phase" if phase else ""
+        at = f" of step {step}" if step is not None else ""
+        return Failure(kind="interrupted", phase=phase, step=step, message=f"terminated by signal {signame}{where}{at}")
     message = exc.paragraph() if isinstance(exc, GrpoPilotError) else f"{type(exc).__name__}: {exc}"
     return Failure(kind="crash", phase=phase, step=step, message=message)
 

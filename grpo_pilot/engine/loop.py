@@ -23,10 +23,12 @@ exactly what the uninterrupted one would have.
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -39,12 +41,14 @@ from rich.console import Console
 
 from grpo_pilot.engine.checkpoint import (
     DAMAGED_HINT,
+    Checkpoint,
     begin_checkpoint,
     finish_checkpoint,
     latest_checkpoint,
     restore_rng,
 )
-from grpo_pilot.engine.failures import CrashError, failure_record
+from grpo_pilot.engine.failures import CrashError, Interrupted, failure_record
+from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
 from grpo_pilot.engine.metrics import LiveDisplay
 from grpo_pilot.engine.notes import run_notes
 from grpo_pilot.engine.profiling import (
@@ -55,8 +59,8 @@ from grpo_pilot.engine.profiling import (
     rank_profile,
     write_profile_json,
 )
-from grpo_pilot.engine.run_config import RunConfig, capped_threads
-from grpo_pilot.engine.run_dir import RunDirectory
+from grpo_pilot.engine.run_config import RunConfig, capped_threads, previous_config_hash
+from grpo_pilot.engine.run_dir import RunDirectory, check_run_target
 from grpo_pilot.errors import GrpoPilotError, InputError
 from grpo_pilot.outputs import DirectoryLock, discard_created_dir, prepare_output_dir
 from grpo_pilot.planner.plan import Plan
@@ -150,6 +154,22 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def _advantages(rewards: list[float], n: int, cfg: RunConfig, step: int) -> torch.Tensor:
+    """Group advantages in float32 — what the loss multiplies — checked finite there (engine/finite.py)."""
+    if not rewards:
+        return torch.zeros(0)
+    advantages = compute_advantages(torch.tensor(rewards, dtype=torch.float32), n, scale=cfg.adv_scale, eps=cfg.adv_eps)
+    if not bool(torch.isfinite(advantages).all()):
+        raise NonFiniteError(
+            f"The advantages of step {step} are not finite in float32 (rewards from {min(rewards):g} to "
+            f"{max(rewards):g}).",
+            FLOAT32_HINT,
+            phase="reward",
+            step=step,
+        )
+    return advantages
+
+
 def grpo_step(eng: Engine, step: int) -> StepResult:
     """One GRPO step (module docstring)."""
     group, cfg, n = eng.group, eng.config, eng.n
@@ -166,11 +186,7 @@ def grpo_step(eng: Engine, step: int) -> StepResult:
     num_groups = len(samples) // n
 
     # 4. advantages, one per completion, from its group's rewards
-    advantages = (
-        compute_advantages(torch.tensor(batch.rewards, dtype=torch.float32), n, scale=cfg.adv_scale, eps=cfg.adv_eps)
-        if samples
-        else torch.zeros(0)
-    )
+    advantages = _advantages(batch.rewards, n, cfg, step)
 
     # 5. old-policy and reference log-probs
     groups_per_mb = eng.mini_batch_prompts
@@ -266,8 +282,10 @@ def run(
     """Execute `plan` with `config`; writes metrics.jsonl, lengths.jsonl, checkpoints and profile.json under
     output_dir, and failure.json when the run fails. `address`: a Ray cluster to join ("auto", "HOST:PORT");
     None starts a local one when the plan has several workers."""
+    check_run_target(config.output_dir)
     created = prepare_output_dir(config.output_dir, flag="--out", what="run directory")
     lock = DirectoryLock(config.output_dir, "grpo-run").acquire()  # a second run on this --out is refused
+    previous = _catch_termination()
     try:
         return _run_locked(plan, config, plan_path=plan_path, quiet=quiet, console=console, address=address)
     except InputError:
@@ -276,6 +294,44 @@ def run(
         raise
     finally:
         lock.release()
+        _restore_termination(previous)
+
+
+def _resume_point(rd: RunDirectory, config: RunConfig, plan_json: str, config_hash: str) -> Checkpoint | None:
+    """The checkpoint a --resume continues from; without one, starting over must not erase another run's logs."""
+    if not config.resume:
+        return None
+    ckpt = latest_checkpoint(rd.path, config_hash=config_hash)
+    if ckpt is None:
+        rd.check_start_over(previous_config_hash(rd.path, plan_json) == config_hash)
+    return ckpt
+
+
+def _record_and_reraise(rd: RunDirectory, exc: BaseException, *, phase: str | None, step: int | None) -> NoReturn:
+    """failure.json for a run failure or an interruption, then the exception again (an interruption says
+    where it stopped: the one line grpo-run prints)."""
+    failure = failure_record(exc, phase=phase, step=step)
+    rd.write_failure(failure)
+    if isinstance(exc, KeyboardInterrupt):
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        raise Interrupted(signum, f"{failure.message}; failure.json records it") from None
+    raise exc
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def _catch_termination() -> Any:
+    """SIGTERM stops the run as Ctrl-C does (`Interrupted`): failure.json, workers closed, lock released."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _terminated)
+
+
+def _restore_termination(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_locked(
@@ -283,11 +339,12 @@ def _run_locked(
 ) -> RunResult:
     """`run` once its output directory is locked."""
     rd = RunDirectory(config.output_dir)
-    config_hash = config.hash(plan.model_dump_json())
+    plan_json = plan.model_dump_json()
+    config_hash = config.hash(plan_json)
     rd.check_start(resume=config.resume)
     if config.threads is not None:
         torch.set_num_threads(capped_threads(config.threads))
-    ckpt = latest_checkpoint(rd.path, config_hash=config_hash) if config.resume else None
+    ckpt = _resume_point(rd, config, plan_json, config_hash)
     _seed_everything(config.seed)
     rd.clear_failure()
     step: int | None = None
@@ -296,9 +353,8 @@ def _run_locked(
         eng = build_engine(plan, config, plan_path=plan_path, address=address)
     except InputError:
         raise
-    except GrpoPilotError as exc:
-        rd.write_failure(failure_record(exc, phase=phase))
-        raise
+    except (GrpoPilotError, KeyboardInterrupt) as exc:
+        _record_and_reraise(rd, exc, phase=phase, step=None)
     done: list[StepResult] = []
     start_step = 0
     try:
@@ -346,9 +402,8 @@ def _run_locked(
         shared = eng.group.shared_forwards()
     except InputError:
         raise
-    except GrpoPilotError as exc:
-        rd.write_failure(failure_record(exc, phase=eng.group.current_phase or phase, step=step))
-        raise
+    except (GrpoPilotError, KeyboardInterrupt) as exc:  # Ctrl-C and SIGTERM (Interrupted) too
+        _record_and_reraise(rd, exc, phase=eng.group.current_phase or phase, step=step)
     except Exception as exc:  # a bug on the driver's side: recorded like any failure, reported in one paragraph
         failure = failure_record(exc, phase=eng.group.current_phase or phase, step=step)
         rd.write_failure(failure)
@@ -359,6 +414,7 @@ def _run_locked(
             step=step,
         ) from exc
     finally:
+        eng.reward.close()  # user reward workers and every process they started
         eng.group.close()
     return _finish(plan, eng, rd, done, start_step, shared)
 
@@ -391,6 +447,7 @@ def _finish(
         mean_response_tokens=float(np.mean(lengths)) if lengths else None,
         notes=notes,
         ranks=ranks,
+        rollout_backend=rollout.backend,
     )
     if done:  # a resume with nothing left to do keeps the previous profile.json
         write_profile_json(rd.path / "profile.json", profile)

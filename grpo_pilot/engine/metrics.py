@@ -157,19 +157,33 @@ def _secs(value: float | None) -> str:
 
 
 def summary_table(profile: Any) -> Table:
-    """End-of-run table: measured vs predicted time and peak memory per phase (from a `RunProfile`)."""
+    """End-of-run table: measured vs predicted time and peak memory per phase (from a `RunProfile`).
+
+    Memory is compared like with like — tracked tensor bytes with the plan's tensor items, or process RSS
+    with the plan's phase total — and not at all when the plan describes another setup (`memory_compared`
+    False: e.g. another rollout backend): the plan and error columns then stay empty and the caption says
+    why. On CPU with the tensor tracker, the process's peak RSS is shown beside it (allocated tensor bytes
+    can exceed what is resident: an engine may reserve memory it never touches)."""
     tensors = any(row.measured_peak_bytes is not None for row in profile.phases.values())
+    compared = getattr(profile, "memory_compared", True)
+    with_rss = tensors and any(row.measured_rss_peak_bytes is not None for row in profile.phases.values())
     memory = (
         f"{profile.memory_source} vs the plan's tensor items"
         if tensors
         else f"{profile.rss_source} vs the plan's phase total"
     )
+    if not compared:
+        memory = (
+            f"{profile.memory_source if tensors else profile.rss_source}, not compared: {profile.memory_not_compared}"
+        )
+    if with_rss:
+        memory += f"; rss: {profile.rss_source}"
     table = Table(
         title=f"measured vs predicted on {profile.device}",
         caption=f"time: median of steps {_steps(profile.steps_measured)}; memory: {memory}",
     )
     table.add_column("phase", no_wrap=True)
-    for col in ("time", "plan", "err", "peak mem", "plan", "err"):
+    for col in ("time", "plan", "err", "peak mem", "plan", "err", *(("rss",) if with_rss else ())):
         table.add_column(col, justify="right", no_wrap=True)
     for name, row in profile.phases.items():
         mem = (
@@ -177,17 +191,20 @@ def summary_table(profile: Any) -> Table:
             if tensors
             else (row.measured_rss_peak_bytes, row.predicted_total_bytes, row.rss_rel_error)
         )
+        planned = (_bytes(mem[1]), _pct(mem[2])) if compared else ("—", "—")
+        extra = (_bytes(row.measured_rss_peak_bytes),) if with_rss else ()
         table.add_row(
             name,
             _secs(row.measured_wall_s),
             _secs(row.predicted_wall_s),
             _pct(row.time_rel_error),
             _bytes(mem[0]),
-            _bytes(mem[1]),
-            _pct(mem[2]),
+            *planned,
+            *extra,
         )
     s = profile.step
-    table.add_row("step", _secs(s.measured_wall_s), _secs(s.predicted_wall_s), _pct(s.time_rel_error), "", "", "")
+    blank = ("",) * (4 if with_rss else 3)
+    table.add_row("step", _secs(s.measured_wall_s), _secs(s.predicted_wall_s), _pct(s.time_rel_error), *blank)
     return table
 
 

@@ -313,6 +313,12 @@ class RunProfile(Frozen):
         default=None, description="Measured; the plan assumes response_len_tokens for every response."
     )
     plan_response_len_tokens: int | None = None
+    memory_compared: bool = Field(
+        default=True,
+        description="False when the plan's memory predictions are for another setup than this run's (e.g. another "
+        "rollout backend): the *_rel_error of memory are then None, and memory_not_compared says why.",
+    )
+    memory_not_compared: str | None = Field(default=None, description="Why memory was not compared (or None).")
     num_workers: int = Field(default=1, ge=1, description="Worker processes (ranks) that ran the steps.")
     ranks: tuple[RankProfile, ...] = Field(
         default=(), description="Each worker's own phases (phases above: slowest time, largest peak over these)."
@@ -388,6 +394,7 @@ def build_profile(
     mean_response_tokens: float | None = None,
     notes: tuple[str, ...] = (),
     ranks: tuple[RankProfile, ...] = (),
+    rollout_backend: str | None = None,
 ) -> RunProfile:
     """Pure: `steps` = [(step, phase samples aggregated over workers, step wall s, trained tokens)] of this
     process, in order; `ranks` = each worker's own profile (`rank_profile`).
@@ -395,7 +402,17 @@ def build_profile(
     Times are medians over every step but the first (warm-up: allocator growth, lazy init, first
     optimizer state); with a single step that step is used. Peaks are maxima over the same steps.
     Predicted bytes are the plan's phase items without `overhead_*` (tensor bytes, what the trackers see).
+    `rollout_backend`: the run's; when it is not the plan's, the plan's memory items describe another engine
+    (vLLM reserves a KV cache the hf decode loop never allocates, and the reverse), so no memory error is
+    computed: the measured peaks are kept and `memory_not_compared` says why (like with like, or nothing).
     """
+    planned = getattr(getattr(plan, "knobs", None), "rollout_backend", None)
+    not_compared = (
+        f"the plan predicts the memory of its '{planned}' rollout, this run used '{rollout_backend}' (re-plan with "
+        f"--pin rollout_backend={rollout_backend} to compare)"
+        if rollout_backend is not None and planned is not None and rollout_backend != planned
+        else None
+    )
     from grpo_pilot.planner.reports import OVERHEAD_PREFIX
 
     measured = steps[1:] if len(steps) > 1 else steps
@@ -414,8 +431,8 @@ def build_profile(
                 "time_rel_error": _rel(got.measured_wall_s, pred_wall),
                 "predicted_tensor_bytes": pred_tensor,
                 "predicted_total_bytes": pred_total,
-                "memory_rel_error": _rel(got.measured_peak_bytes, pred_tensor),
-                "rss_rel_error": _rel(got.measured_rss_peak_bytes, pred_total),
+                "memory_rel_error": None if not_compared else _rel(got.measured_peak_bytes, pred_tensor),
+                "rss_rel_error": None if not_compared else _rel(got.measured_rss_peak_bytes, pred_total),
             }
         )
     step_wall = _median([s[2] for s in measured])
@@ -436,6 +453,8 @@ def build_profile(
         predicted_tokens_per_s=plan.tokens_per_s,
         mean_response_tokens=mean_response_tokens,
         plan_response_len_tokens=plan.workload.response_len_tokens,
+        memory_compared=not_compared is None,
+        memory_not_compared=not_compared,
         num_workers=max(1, len(ranks)),
         ranks=ranks,
         notes=notes,

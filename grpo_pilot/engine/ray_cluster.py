@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +123,31 @@ def _probe(address: str) -> None:
         ) from None
 
 
+# The catalogue holds the total the driver reports (hardware/gpus.py `memory_bytes`), which is what torch's
+# total_memory (cudaGetDeviceProperties totalGlobalMem) gives too; 5 % slack for driver and board variants.
+GPU_MEMORY_MATCH = 0.95
+
+
+def in_ray_session() -> bool:
+    """Whether this process is already connected to a Ray cluster (which may span other machines); never
+    imports Ray itself."""
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
+
+
+def local_gpus() -> list[tuple[str, int]]:
+    """(name, total bytes) of every GPU torch can see here."""
+    try:
+        import torch
+
+        return [
+            (torch.cuda.get_device_name(i), int(torch.cuda.get_device_properties(i).total_memory))
+            for i in range(torch.cuda.device_count())
+        ]
+    except (ImportError, RuntimeError):
+        return []
+
+
 def _local_gpus() -> int:
     try:
         import torch
@@ -133,6 +159,33 @@ def _local_gpus() -> int:
 
 def _gpus_per_node(ray: Any) -> list[int]:
     return sorted((int(n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes() if n.get("Alive")), reverse=True)
+
+
+def check_local_gpus(
+    topology: Topology, device_kind: str, *, plan_gpu: str, plan_gpu_bytes: int, local: list[tuple[str, int]]
+) -> None:
+    """Before any cluster starts (pure): a GPU plan with several workers run on this machine alone (no
+    --address) needs as many GPUs, and every GPU it uses at least the plan's GPU memory; `local` = (name,
+    total bytes) per GPU. Too few GPUs are refused in a second, not after Ray has started (issue 16); a
+    one-worker plan on a machine without GPUs runs on its CPU, as before."""
+    if device_kind != "cuda":
+        return
+    need = topology.num_workers
+    if need > 1 and len(local) < need:
+        raise InputError(
+            f"The plan runs {need} GPU worker(s) ({topology.num_nodes} node(s) × {topology.workers_per_node} "
+            f"{plan_gpu}); this machine has {len(local)} GPU(s) that torch can see.",
+            "Run it where the GPUs are (several nodes: `ray start` on each, then --address auto), or re-plan for "
+            "this machine (grpo-plan --gpus ...), or use --device cpu to run the same workers on CPUs.",
+        )
+    small = [(i, name, size) for i, (name, size) in enumerate(local[:need]) if size < GPU_MEMORY_MATCH * plan_gpu_bytes]
+    if small:
+        i, name, size = small[0]
+        raise InputError(
+            f"The plan was made for {plan_gpu} ({plan_gpu_bytes / 2**30:.0f} GiB each); GPU {i} here is {name} "
+            f"with {size / 2**30:.1f} GiB: its memory predictions do not hold on it.",
+            "Re-plan for this machine's GPUs (grpo-plan --gpus ...).",
+        )
 
 
 def check_resources(

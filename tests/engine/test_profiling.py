@@ -69,3 +69,39 @@ def test_build_profile_medians_skip_warmup_and_compare_with_plan(tmp_path):
     path = write_profile_json(tmp_path / "profile.json", prof)
     data = json.loads(path.read_text())
     assert set(data["phases"]) == {"weight_sync", "rollout", "reward", "log_prob", "update"}
+
+
+def _render(table) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))
+    console.print(table)
+    return console.export_text()
+
+
+def test_memory_of_another_rollout_backend_is_not_compared():
+    """An hf plan run with --backend vllm: vLLM's reserved KV cache against the hf plan's items would read
+    '+19429 %'; the profile keeps the measured peaks and says why nothing is compared."""
+    from grpo_pilot.engine.metrics import summary_table
+
+    plan = load_plan("examples/tiny/plan.json")
+    assert plan.knobs.rollout_backend == "hf"
+    phases = {
+        "rollout": PhaseSample(wall_s=0.1, peak_bytes=1_560_000_000, rss_peak_bytes=900 * MIB),
+        "update": PhaseSample(wall_s=0.2, peak_bytes=30 * MIB, rss_peak_bytes=950 * MIB),
+    }
+    steps = [(1, phases, 1.0, 100.0), (2, phases, 1.0, 100.0)]
+    other = build_profile(plan, steps, device="cpu", memory_source="live tensor bytes", rollout_backend="vllm")
+    assert not other.memory_compared and "--pin rollout_backend=vllm" in other.memory_not_compared
+    assert other.phases["rollout"].measured_peak_bytes == 1_560_000_000
+    assert all(p.memory_rel_error is None and p.rss_rel_error is None for p in other.phases.values())
+    text = _render(summary_table(other))
+    row = next(line for line in text.splitlines() if "rollout" in line)
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    assert cells[0] == "rollout" and cells[4:] == ["1.45 GiB", "—", "—", "900.0 MiB"]  # peak, plan, err, rss
+    assert "not compared: the plan predicts the memory of its 'hf' rollout, this run used 'vllm'" in " ".join(
+        text.split()
+    )
+    assert "1.45 GiB" in text and "900.0 MiB" in text  # the tracker's allocation beside the resident set
+    same = build_profile(plan, steps, device="cpu", memory_source="live tensor bytes", rollout_backend="hf")
+    assert same.memory_compared and same.phases["update"].memory_rel_error is not None

@@ -47,7 +47,8 @@ def test_correct_partial_and_wrong_solutions() -> None:
 
 def test_infinite_loop_times_out_fast_and_keeps_finished_tests() -> None:
     start = time.perf_counter()
-    result = run_tests("def f():\n    return 1", ("assert f() == 1", "while True: pass", "assert f() == 1"), FAST)
+    code = "def f():\n    return 1\ndef spin():\n    while True:\n        pass"
+    result = run_tests(code, ("assert f() == 1", "assert spin() == 1", "assert f() == 1"), FAST)
     assert result.status == "timeout" and result.passed == (True, False, False)
     assert time.perf_counter() - start < FAST.timeout_s + 1.5
     asleep = run_tests("import time\ntime.sleep(60)", ("assert time.time() > 0",), FAST)
@@ -130,3 +131,20 @@ def test_code_reward_requires_tests_on_every_record() -> None:
     reward = build_reward("code")
     with pytest.raises(InputError, match=r"needs a reference tests, but the records of line\(s\) 5"):
         reward.check_records([PromptRecord(line=5, prompt="write f")])
+
+
+def test_without_a_sandbox_no_setsid_grandchild_survives() -> None:
+    """No PID namespace to end: the job's processes are still all killed, even after os._exit of the harness."""
+    import sandbox_cases
+
+    for code_ends in ("os._exit(0)", "pass"):
+        marker = f"grpo-bare-escapee-{time.time_ns()}"
+        code = (
+            "import os, sys, time\n"
+            "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', '{marker}'])\n"
+            f"    os._exit(0)\ntime.sleep(0.3)\n{code_ends}\n"
+        )
+        result = run_tests(code, ("assert 1 + 1 == 2",), FAST, isolation="none", allow_unsandboxed=True)
+        assert result.isolation.startswith("none")
+        assert sandbox_cases._processes_with(marker) == [], code_ends

@@ -148,3 +148,77 @@ def test_grpo_run_reports_an_exiting_transform_and_exits_2(tmp_path: Path) -> No
         cwd=REPO,
     )
     assert out.returncode == 2 and "raised SystemExit: 3" in out.stderr and "Traceback" not in out.stderr
+
+
+def slow_start_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
+    """Every worker Python started from now on runs `body` first (a sitecustomize on its PYTHONPATH):
+    a start-up that is grpo-run's, not the user's."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(body)
+    monkeypatch.syspath_prepend(str(site))
+
+
+def test_the_user_code_limit_excludes_the_workers_start_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3 s start-up of the worker (before any user code) under a 0.5 s limit: the load succeeds, and the
+    limit still stops a call that sleeps past it."""
+    slow_start_up(tmp_path, monkeypatch, "import time\ntime.sleep(3)\n")
+    reward = build_reward(reward_file(tmp_path, BODIES["sleep"]), settings=RewardSettings(user_code_timeout_s=0.5))
+    assert reward.score(["a"], RECS[:1]).total == (1.0,)  # line 1 does not sleep
+    with pytest.raises(RunError, match="did not return within 0.5 s on the completion for prompt line 2"):
+        reward.score(["b"], RECS[1:])
+
+
+def test_a_slow_import_is_named_as_the_users(tmp_path: Path) -> None:
+    path = tmp_path / "slow_import.py"
+    path.write_text("import time\ntime.sleep(60)\n\ndef score(completion, record):\n    return 1.0\n")
+    with pytest.raises(InputError) as info:
+        build_reward(f"{path}:score", settings=RewardSettings(user_code_timeout_s=0.5))
+    message = info.value.message
+    assert "could not be loaded: importing it did not return within 0.5 s" in message, message
+    assert "not grpo-run's start-up" in message and "user_code_timeout_s" in info.value.hint
+
+
+def test_a_worker_that_cannot_start_is_said_to_be_grpo_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_start_up(tmp_path, monkeypatch, "import os\nos._exit(7)\n")
+    with pytest.raises(RunError) as info:
+        build_reward(reward_file(tmp_path, "pass"))
+    assert "did not start" in info.value.message and "before any of your code ran" in info.value.message
+    assert "exited with status 7" in info.value.message
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"  # a zombie is dead, waiting for its parent to reap it
+
+
+@pytest.mark.parametrize("then", ["returns", "os_exit"])
+def test_no_process_a_reward_started_outlives_it(tmp_path: Path, then: str) -> None:
+    """A reward that starts a new session's grandchild (setsid + fork + sleep), then returns or kills its
+    own worker: closing the reward leaves no process behind."""
+    pid_file = tmp_path / "grandchild.pid"
+    body = (
+        "import os, time\n        if os.fork() == 0:\n            os.setsid()\n            if os.fork() == 0:\n"
+        f"                open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+        f"                os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"
+        "                time.sleep(600)\n            os._exit(0)\n"
+        f"        while not os.path.exists({str(pid_file)!r}):\n            time.sleep(0.01)\n"
+        + ("        os._exit(0)" if then == "os_exit" else "        pass")
+    )
+    reward = build_reward(reward_file(tmp_path, body, on_line=1), settings=RewardSettings(user_code_timeout_s=30))
+    if then == "os_exit":
+        with pytest.raises(RunError, match="exited with status 0"):
+            reward.score(["a"], RECS[:1])
+    else:
+        assert reward.score(["a"], RECS[:1]).total == (1.0,)
+    grandchild = int(pid_file.read_text())
+    if then == "returns":  # it runs on, in a session of its own, until the reward is closed
+        assert _alive(grandchild) and os.getsid(grandchild) not in (os.getsid(0), os.getpgid(0))
+    reward.close()  # (a worker that died was already stopped, with its tree, when the failure was reported)
+    deadline = time.monotonic() + 10
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _alive(grandchild)

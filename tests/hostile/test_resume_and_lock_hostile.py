@@ -58,7 +58,43 @@ DAMAGE = [
     ("step-mismatch", lambda out: _edit_state(out, step=7), ["says step 7"]),
     ("other-config", lambda out: _edit_state(out, config_hash="0000"), ["different plan or run config"]),
     ("rng-garbage", lambda out: (_state(out).parent / "rng.pt").write_bytes(b"garbage"), ["cannot be read"]),
+    ("shard-cut-in-half", lambda out: _cut(_shard(out)), ["is cut short"]),
+    ("shard-missing", lambda out: _shard(out).unlink(), ["is missing"]),
+    ("rng-planted-pickle", lambda out: _plant(out, "rng.pt"), ["rng.pt' cannot be read", "UnpicklingError"]),
+    ("worker-rng-planted-pickle", lambda out: _plant(out, "rng-worker-0.pt"), ["rng-worker-0.pt' cannot be read"]),
+    ("metadata-planted-pickle", lambda out: _plant(out, "actor/.metadata"), [".metadata' cannot be read"]),
 ]
+
+
+def _shard(out: Path) -> Path:
+    return next((_state(out).parent / "actor").glob("*.distcp"))
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+class _Planted:
+    """Runs code when unpickled: what a hostile file planted in a run directory holds."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def _plant(out: Path, name: str) -> None:
+    import pickle
+
+    import torch
+
+    marker = str(out / "code-ran")
+    target = _state(out).parent / name
+    if name.endswith(".metadata"):
+        target.write_bytes(pickle.dumps(_Planted(marker)))
+    else:
+        torch.save({"python": _Planted(marker), "numpy": 1, "torch": 2}, target)
 
 
 @pytest.mark.parametrize("name,damage,fragments", DAMAGE, ids=[d[0] for d in DAMAGE])
@@ -70,6 +106,7 @@ def test_damaged_checkpoint_refused(finished_run, tmp_path, name, damage, fragme
     assert_refused(result, 2, *fragments)
     assert (out / "metrics.jsonl").read_bytes() == before  # refused before anything was cut or written
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    assert not (out / "code-ran").exists()  # a planted pickle is data, never code
 
 
 def _steps(out: Path) -> list[int]:
@@ -146,3 +183,56 @@ def test_two_runs_on_one_out(tmp_path):
     assert first.returncode == 0, err.decode()
     assert _steps(out) == [1, 2, 3, 4]
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+FOREIGN = [
+    ("profile.json", b'{"my": "notes"}\n'),
+    ("workers.json", b"[1, 2, 3]\n"),
+    ("run_config.json", b'{"learning_rate": 0.1}\n'),
+    ("failure.json", b"my failures\n"),
+    ("lengths.jsonl", b'{"step": 1, "note": "mine"}\n'),
+    ("metrics.jsonl", b"step,loss\n1,0.5\n"),
+]
+
+
+@pytest.mark.parametrize("name,content", FOREIGN, ids=[c[0] for c in FOREIGN])
+def test_files_with_our_names_that_are_not_ours_are_refused(scratch, name, content):
+    out = scratch.root / "run"
+    out.mkdir()
+    (out / name).write_bytes(content)
+    scratch.mark()
+    for extra in ([], ["--resume"]):  # a fresh run and a resume alike
+        err = assert_refused(invoke(app, [*RESUME, "--steps", "1", "--out", out, *extra]), 2, name, "left untouched")
+        assert "not a run's" in err
+    scratch.check()
+
+
+def test_resume_without_checkpoints_never_erases_logs_it_did_not_write(finished_run, tmp_path):
+    """Checkpoints gone: another run's logs (or logs with no run_config.json) are refused, not truncated."""
+    out = _copy(finished_run, tmp_path)
+    shutil.rmtree(out / "checkpoints")
+    logs = {name: (out / name).read_bytes() for name in ("metrics.jsonl", "lengths.jsonl")}
+    other = [*RESUME, "--set", "lr=3e-6", "--steps", "3", "--resume", "--out", out]  # another run's settings
+    assert_refused(invoke(app, other), 2, "found no checkpoint", "would erase them")
+    (out / "run_config.json").unlink()
+    assert_refused(invoke(app, [*RESUME, "--steps", "3", "--resume", "--out", out]), 2, "found no checkpoint")
+    assert {name: (out / name).read_bytes() for name in logs} == logs
+
+
+def test_resume_without_checkpoints_starts_over_its_own_run(finished_run, tmp_path):
+    out = _copy(finished_run, tmp_path)
+    shutil.rmtree(out / "checkpoints")
+    result = invoke(app, [*RESUME, "--steps", "1", "--resume", "--out", out])
+    assert result.exit_code == 0, result.output
+    assert _steps(out) == [1]  # the same run started over: its own logs were cut, not appended to
+
+
+def test_empty_or_current_directory_as_out_is_refused(scratch, monkeypatch):
+    (scratch.root / "my-notes.txt").write_text("mine\n")
+    base = [os.path.abspath(a) if a.startswith("examples/") else a for a in RESUME]
+    monkeypatch.chdir(scratch.root)
+    scratch.mark()
+    assert_refused(invoke(app, [*base, "--steps", "1", "--out", ""]), 2, "output directory is empty")
+    for out in (".", "./", str(scratch.root)):
+        assert_refused(invoke(app, [*base, "--steps", "1", "--out", out]), 2, "is the current directory")
+    scratch.check()

@@ -139,6 +139,21 @@ CONFIG_CASES = [
     ("unknown-key", "learning_rate = 1e-3\n", "Unknown setting 'learning_rate'"),
     ("bad-toml", "lr = = 1\n", "not valid TOML"),
     ("run-not-table", "run = 3\n", "Unknown setting 'run'"),
+    # issue 16: settings accepted that then crashed "as a bug", and silent coercions
+    ("temperature-tiny", "temperature = 1e-300\n", "'temperature'"),
+    ("top-p-tiny", "top_p = 1e-300\n", "'top_p'"),
+    ("weight-decay-huge", "weight_decay = 1e300\n", "'weight_decay'"),
+    ("steps-bool", "steps = true\n", "it must be an integer, not true or false"),
+    ("steps-string", 'steps = "2"\n', "it must be an integer, not a string"),
+    ("steps-float", "steps = 2.0\n", "it must be an integer"),
+    ("lr-bool", "lr = true\n", "it must be a number"),
+    ("resume-int", "resume = 1\n", "it must be true or false"),
+    ("seed-negative", "seed = -1\n", "'seed'"),
+    ("seed-huge", "seed = 100000000000000000000\n", "'seed'"),
+    ("seed-float", "seed = 1e29\n", "it must be an integer"),
+    ("stop-empty", 'stop = [""]\n', "empty stop string"),
+    ("key-outside-run", "[run]\nlr = 1e-3\n[train]\nsteps = 5\n", "the table 'train' outside it"),
+    ("top-key-outside-run", "steps = 5\n[run]\nlr = 1e-3\n", "the key 'steps' outside it"),
 ]
 
 
@@ -147,7 +162,9 @@ def test_bad_run_config(scratch, tmp_path, name, text, fragment):
     config = tmp_path / "run.toml"
     config.write_text(text)
     scratch.mark()
-    assert_refused(_run(scratch, TINY_PLAN, "--config", str(config), good=RUN_MINIMAL), 2, fragment)
+    err = assert_refused(_run(scratch, TINY_PLAN, "--config", str(config), good=RUN_MINIMAL), 2, fragment)
+    if "it must be" in fragment:  # the setting is named
+        assert f"'{name.split('-')[0]}'" in err
     scratch.check()
 
 
@@ -191,6 +208,9 @@ DATA_CASES = [
     ("nan", b'{"prompt": "a", "answer": NaN}\n', (), "NaN"),
     ("empty", b"\n\n", (), "no usable prompt"),
     ("not-object", b"[1]\n", (), "invalid line"),
+    ("lone-surrogate", b'{"prompt": "a"}\n{"prompt": "caf\\ud800"}\n', (), "data.jsonl:2: field 'prompt'"),
+    ("lone-surrogate-chat", b'{"messages": [{"role": "user", "content": "\\udfff"}]}\n', (), "lone surrogate"),
+    ("lone-surrogate-all-skipped", b'{"prompt": "\\ud800"}\n', ("--skip-invalid",), "no usable prompt"),
 ]
 
 

@@ -220,6 +220,7 @@ def test_real_sweep_killed_and_resumed(tmp_path):
 def test_real_sweep_of_a_two_worker_plan(tmp_path):
     """examples/tiny/plan-2xcpu-colocated.json: the trial runs on two Ray workers; its trial plan is the
     plan again (same usable memory, fits), and the sweep writes its outputs and the calibration."""
+    pytest.importorskip("ray")  # a two-worker plan runs its workers as Ray actors (the `ray` extra)
     out = tmp_path / "out"
     args = tune_cmd(TWO_CPU, "--config", TINY_CONFIG, "--out", str(out), "--trials", "1", "-q")
     result = subprocess.run(args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)

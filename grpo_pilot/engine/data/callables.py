@@ -31,7 +31,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator, Sequence
 
-from grpo_pilot.errors import InputError
+from grpo_pilot.engine.data.frames import HEADER
+from grpo_pilot.engine.proctree import MARKER_ENV, kill_tree, new_token
+from grpo_pilot.errors import InputError, RunError
 
 
 def is_callable_ref(text: str) -> bool:
@@ -119,6 +121,9 @@ def load_callable(ref: str, *, role: str) -> Callable[..., Any]:
 
 
 DEFAULT_USER_CODE_TIMEOUT_S = 60.0
+# The worker's own start-up (a Python interpreter, grpo-pilot's imports: ~1 s, much more on a loaded machine)
+# is not the user's: it has this separate, generous limit.
+STARTUP_TIMEOUT_S = 300.0
 
 
 class UserCodeError(Exception):
@@ -165,20 +170,46 @@ class UserFunction:
         if not is_callable_ref(ref):
             load_callable(ref, role=role)  # raises the InputError that explains the expected form
         self.ref, self.role, self.timeout_s = ref, role, float(timeout_s)
-        self._proc = _start_worker()
-        self._finalizer = weakref.finalize(self, _stop_worker, self._proc)
-        _send(self._proc, ("load", ref, role, list(sys.path), os.getcwd(), describe))
-        try:
+        self._token = new_token()
+        self._proc = _start_worker(self._token)
+        self._finalizer = weakref.finalize(self, _stop_worker, self._proc, self._token)
+        self._start_up(describe)
+        _send(self._proc, ("load", ref, role))
+        try:  # the user's limit starts here: importing their module is the first thing it times
             reply = self._receive(self.timeout_s)
         except UserCodeError as exc:
             self.close()
+            what = "importing it" if exc.kind == "timeout" else "importing it ended its process:"
             raise InputError(
-                f"The {role} '{ref}' could not be loaded: {exc.text}.", "Fix the module so that it imports cleanly."
+                f"The {role} '{ref}' could not be loaded: {what} {exc.text} (user_code_timeout_s = "
+                f"{self.timeout_s:g} s covers your module's import and each call, not grpo-run's start-up).",
+                user_code_hint(exc, self.timeout_s, "import cleanly")
+                if exc.kind == "timeout"
+                else "Fix the module so that it imports cleanly.",
             ) from None
         if reply[0] == "input_error":
             self.close()
             raise InputError(reply[1], reply[2])
         self.info: Any = reply[1]
+
+    def _start_up(self, describe: str | None) -> None:
+        """Wait for the worker's own start-up (interpreter, our imports, the describe module): not timed as
+        user code; a worker that does not get there is grpo-run's problem, said as such."""
+        try:
+            if _receive(self._proc, STARTUP_TIMEOUT_S)[0] == "ready":
+                _send(self._proc, ("prepare", list(sys.path), os.getcwd(), describe))
+                reply = _receive(self._proc, STARTUP_TIMEOUT_S)
+                if reply[0] == "prepared":
+                    return
+                raise UserCodeError("died", reply[1] if len(reply) > 1 else repr(reply))
+            raise UserCodeError("died", "it sent no ready message")
+        except UserCodeError as exc:
+            self.close()
+            raise RunError(
+                f"The worker process for the {self.role} '{self.ref}' did not start: {exc.text} (grpo-run's own "
+                f"start-up, before any of your code ran; limit {STARTUP_TIMEOUT_S:g} s).",
+                "Check that `python -m grpo_pilot.engine.data.user_worker` runs in this environment.",
+            ) from None
 
     def close(self) -> None:
         self._finalizer()
@@ -213,8 +244,8 @@ class UserFunction:
         return next(iter(self.map([args])))
 
 
-def _start_worker() -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+def _start_worker(token: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path), **{MARKER_ENV: token})
     return subprocess.Popen(
         [sys.executable, "-m", "grpo_pilot.engine.data.user_worker"],
         stdin=subprocess.PIPE,
@@ -225,21 +256,26 @@ def _start_worker() -> subprocess.Popen[bytes]:
     )
 
 
-def _stop_worker(proc: subprocess.Popen[bytes]) -> None:
+def _stop_worker(proc: subprocess.Popen[bytes], token: str) -> None:
     for stream in (proc.stdin, proc.stdout):
         try:
             if stream is not None:
                 stream.close()
         except OSError:
             continue
+    # the worker, its descendants (orphans included: it is their subreaper) and what left its session
+    # (proctree.py), while the worker still holds them; then its process group, for what was never ours to see
+    kill_tree(proc.pid, token)
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the worker and whatever the user's code started
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    pidfd = getattr(proc, "_grpo_pidfd", -1)
+    if pidfd is not None and pidfd >= 0:
+        os.close(pidfd)
+        proc._grpo_pidfd = -1  # type: ignore[attr-defined]
 
 
 def _send(proc: subprocess.Popen[bytes], message: Any) -> None:
-    from grpo_pilot.engine.data.user_worker import HEADER
-
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     try:
         assert proc.stdin is not None
@@ -255,21 +291,40 @@ def _ended(proc: subprocess.Popen[bytes]) -> str:
     return f"its worker process {how} (os._exit, a crash, or the memory limit)"
 
 
+EXIT_POLL_S = 0.2  # where pidfd_open is missing (Linux < 5.3, other systems): how often to check the worker
+
+
+def _exit_watch(proc: subprocess.Popen[bytes]) -> list[int]:
+    """A pidfd of the worker (readable once it exits: pidfd_open(2), Linux >= 5.3), kept on the process."""
+    pidfd = getattr(proc, "_grpo_pidfd", None)
+    if pidfd is None and hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            pidfd = -1
+        proc._grpo_pidfd = pidfd  # type: ignore[attr-defined]
+    return [pidfd] if pidfd is not None and pidfd >= 0 else []
+
+
 def _receive(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[Any, ...]:
     """One reply frame, waiting at most `timeout_s` for it."""
-    from grpo_pilot.engine.data.user_worker import HEADER
-
     assert proc.stdout is not None
     fd, deadline = proc.stdout.fileno(), time.monotonic() + timeout_s
     buffer = b""
     need = HEADER.size
     header_done = False
+    exited = _exit_watch(proc)
     while True:
         while len(buffer) < need:
             left = deadline - time.monotonic()
-            ready, _, _ = select.select([fd], [], [], max(0.0, left))
-            if not ready:
-                raise UserCodeError("timeout", f"did not return within {timeout_s:g} s")
+            ready, _, _ = select.select([fd, *exited], [], [], max(0.0, min(left, EXIT_POLL_S if not exited else left)))
+            if fd not in ready:
+                # the worker ended while a process it forked still holds the pipe open (no EOF would come)
+                if (exited and ready) or proc.poll() is not None:
+                    raise UserCodeError("died", _ended(proc))
+                if time.monotonic() >= deadline:
+                    raise UserCodeError("timeout", f"did not return within {timeout_s:g} s")
+                continue
             chunk = os.read(fd, min(need - len(buffer), 1 << 20))  # never past this frame
             if not chunk:
                 raise UserCodeError("died", _ended(proc))

@@ -7,6 +7,8 @@
   first; returning None drops the line (counted in `PromptSet.dropped`). It runs in a worker process
   (`callables.UserFunction`) with `timeout_s` per call: an exception (SystemExit included) is that
   line's problem; a hang or a crash of its process stops the load with an `InputError`;
+- a string holding a lone surrogate (a `\ud800` escape without its pair: valid JSON, but not text any
+  tokenizer can encode) makes its line invalid, naming the field;
 - every bad line (invalid JSON, not an object, missing or mistyped field, transform error) is
   reported as "file:line: field 'x': problem". By default the whole file is checked and an
   `InputError` lists the first few problems and the count; with `skip_invalid=True` bad lines are
@@ -53,6 +55,36 @@ def _open_lines(path: Path) -> list[str]:
             f"{path}:{bad_line}: not valid UTF-8 (byte {exc.start}).", "Re-encode the file as UTF-8."
         ) from exc
     return text.split("\n")
+
+
+def _lone_surrogate(value: object, path: str) -> tuple[str, str, int] | None:
+    """(field path, the string, index) of the first string under `value` that is not encodable text."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return path, value, exc.start
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _lone_surrogate(key, f"{path}.<key>") if isinstance(key, str) else None
+        found = found or _lone_surrogate(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def _check_text(record: PromptRecord) -> None:
+    """`RecordError` for a record holding a lone surrogate: the tokenizer would fail on it mid-run."""
+    found = _lone_surrogate(record.model_dump(exclude={"line"}, exclude_none=True), "")
+    if found:
+        field, text, index = found
+        code = f"\\u{ord(text[index]):04x}"
+        raise RecordError(
+            field,
+            f"character {index} is a lone surrogate ({code}, an escape without its pair): not text a tokenizer "
+            "can encode",
+        )
 
 
 TRANSFORM_CHUNK = 256  # lines sent to the transform's worker process per round trip
@@ -134,6 +166,7 @@ def load_prompts(
                     dropped += 1
                     continue
             record, used = parse_record(number, raw, fmt)
+            _check_text(record)
         except RecordError as exc:
             numbered_problems.append((number, f"{source}:{number}: {exc}"))
             continue

@@ -14,13 +14,16 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Literal
+from typing import Literal, Sequence
 
 from pydantic import Field
 
+from grpo_pilot.engine.data.records import PromptRecord
 from grpo_pilot.engine.rewards.result import ScoreBatch, Scorer
 from grpo_pilot.engine.rewards.sandbox import MIB, Isolation, SandboxLimits, resolve_isolation, run_many
+from grpo_pilot.engine.rewards.sealed import unjudgeable_tests
 from grpo_pilot.engine.rewards.settings import RewardSettings
+from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 
 _FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -36,6 +39,22 @@ def extract_code(completion: str) -> str:
     if blocks:
         return ""
     return completion
+
+
+def check_code_tests(records: Sequence[PromptRecord]) -> None:
+    """Refuse records holding a test the parent cannot judge from reported values (sealed.py, judgeable.py):
+    such a test would pass whatever the completion's code reports about itself."""
+    bad = [(r.line, i, reason) for r in records for i, reason in unjudgeable_tests(r.tests)]
+    if not bad:
+        return
+    line, index, reason = bad[0]
+    others = sorted({b[0] for b in bad[1:]} - {line})
+    more = f" (also line(s) {', '.join(map(str, others[:10]))}{' ...' if len(others) > 10 else ''})" if others else ""
+    raise InputError(
+        f"The 'code' reward cannot judge test {index + 1} of line {line}{more}: {reason}.",
+        "A test passes only on what its asserts report, judged by grpo-run: write plain top-level asserts that "
+        "compare the solution's result with a literal (assert add(2, 3) == 5), one per case.",
+    )
 
 
 def _default_workers() -> int:

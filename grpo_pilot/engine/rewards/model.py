@@ -11,15 +11,17 @@ label (the built-in name or the callable reference; a repeated label gets "#2", 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from grpo_pilot.engine.data.records import PromptRecord
-from grpo_pilot.engine.rewards.registry import BUILTINS, build_options
+from grpo_pilot.engine.finite import FLOAT32_HINT, FLOAT32_MAX, NonFiniteError, fits_float32
+from grpo_pilot.engine.rewards.registry import BUILTINS, SCORE_BOUND, build_options
 from grpo_pilot.engine.rewards.result import RewardResult, ScoreBatch, Scorer, checked_scores
 from grpo_pilot.engine.rewards.settings import RewardSettings
 from grpo_pilot.engine.rewards.spec import RewardTerm, parse_spec
 from grpo_pilot.engine.rewards.text import require_field
 from grpo_pilot.engine.rewards.user import make_user_scorer
+from grpo_pilot.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class RewardPart:
     scorer: Scorer
     requires: tuple[str, ...]
     term: RewardTerm
+    check: Callable[[Sequence[PromptRecord]], None] | None = None
 
 
 class RewardModel:
@@ -55,12 +58,22 @@ class RewardModel:
         """Human-readable sum, e.g. '1 x exact_match + 0.5 x format'."""
         return " + ".join(f"{p.weight:g} x {p.label}" for p in self.parts)
 
+    def close(self) -> None:
+        """Stop the worker processes of user reward functions (and every process they started)."""
+        for part in self.parts:
+            close = getattr(part.scorer, "close", None)
+            if callable(close):
+                close()
+
     def check_records(self, records: Sequence[PromptRecord]) -> None:
-        """Raise `InputError` if some record lacks a field one of the parts reads."""
+        """Raise `InputError` if some record lacks a field one of the parts reads, or holds what a part
+        cannot score (e.g. a code test the sandbox's reports cannot decide)."""
         batch = ScoreBatch(completions=[""] * len(records), records=records)
         for part in self.parts:
             for field in part.requires:
                 require_field(batch, field, part.label)
+            if part.check is not None:
+                part.check(records)
 
     def score(
         self,
@@ -81,6 +94,13 @@ class RewardModel:
                 require_field(batch, field, part.label)
             parts[part.label] = checked_scores(part.scorer(batch), len(completions), part.label)
         total = tuple(sum(p.weight * parts[p.label][i] for p in self.parts) for i in range(len(completions)))
+        for i, value in enumerate(total):
+            if not fits_float32(value):
+                raise NonFiniteError(
+                    f"The weighted reward {self.describe()} is {value:g} for completion {i}, beyond float32.",
+                    FLOAT32_HINT,
+                    phase="reward",
+                )
         return RewardResult(total=total, parts=parts, weights={p.label: p.weight for p in self.parts})
 
 
@@ -107,11 +127,33 @@ def build_reward(spec: str, *, tokenizer: Any = None, settings: RewardSettings |
             builtin = BUILTINS[term.name]
             options = build_options(builtin, term.options)
             scorer = builtin.make(options, settings) if builtin.uses_settings else builtin.make(options)
-            requires = builtin.requires
+            requires, check = builtin.requires, builtin.check_records
         else:
             scorer = make_user_scorer(term.name, timeout_s=settings.user_code_timeout_s)
-            requires = ()
+            requires, check = (), None
         label = _unique(term.name, taken)
         taken.add(label)
-        parts.append(RewardPart(label=label, weight=term.weight, scorer=scorer, requires=requires, term=term))
+        parts.append(
+            RewardPart(label=label, weight=term.weight, scorer=scorer, requires=requires, term=term, check=check)
+        )
+    _check_weights(parts)
     return RewardModel(parts, spec=spec, tokenizer=tokenizer)
+
+
+def _check_weights(parts: Sequence[RewardPart]) -> None:
+    """Weights whose products with the scores cannot overflow float32 (engine/finite.py): each weight fits,
+    and the built-ins, whose scores lie in [-SCORE_BOUND, SCORE_BOUND], cannot sum past float32's range."""
+    for part in parts:
+        if not fits_float32(part.weight):
+            raise InputError(
+                f"The weight {part.weight:g} of reward '{part.label}' is beyond float32 (±3.4e38), the precision "
+                "rewards are trained in.",
+                "Use weights of order 1.",
+            )
+    builtin_sum = sum(abs(p.weight) * SCORE_BOUND for p in parts if p.term.kind == "builtin")
+    if builtin_sum > FLOAT32_MAX:
+        raise InputError(
+            f"The reward weights of {' + '.join(f'{p.weight:g} x {p.label}' for p in parts)} can sum to "
+            f"{builtin_sum:g}, beyond float32 (±3.4e38), the precision rewards are trained in.",
+            "Use weights of order 1.",
+        )

@@ -7,11 +7,12 @@ frozen options model; a bad or unknown option is an `InputError` that lists the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, get_args, get_origin
+from typing import Callable, Literal, Sequence, get_args, get_origin
 
 from pydantic import ValidationError
 
-from grpo_pilot.engine.rewards.code import CodeOptions, make_code
+from grpo_pilot.engine.data.records import PromptRecord
+from grpo_pilot.engine.rewards.code import CodeOptions, check_code_tests, make_code
 from grpo_pilot.engine.rewards.result import Scorer
 from grpo_pilot.engine.rewards.text import (
     CharFractionOptions,
@@ -29,10 +30,14 @@ from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 
 
+SCORE_BOUND = 1.0  # every built-in scores within [-1, 1]: see each scorer in text.py and code.py
+
+
 @dataclass(frozen=True)
 class Builtin:
     """A built-in reward: `make(options)` builds its scorer (`make(options, settings)` when
-    `uses_settings`); `requires` names record fields it reads."""
+    `uses_settings`); `requires` names record fields it reads; `check_records` refuses records it
+    cannot score (an `InputError` before training)."""
 
     name: str
     summary: str
@@ -40,6 +45,7 @@ class Builtin:
     make: Callable[..., Scorer]
     requires: tuple[str, ...] = ()
     uses_settings: bool = False
+    check_records: Callable[[Sequence[PromptRecord]], None] | None = None
 
 
 BUILTINS: dict[str, Builtin] = {
@@ -65,6 +71,7 @@ BUILTINS: dict[str, Builtin] = {
             make_code,
             ("tests",),
             uses_settings=True,
+            check_records=check_code_tests,
         ),
         Builtin("length", "-min(L, max_len)/max_len: a plain length penalty", LengthOptions, make_length),
         Builtin(

@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from pydantic import Field, model_validator
 
 from grpo_pilot.engine.data.records import PromptRecord
+from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError, fits_float32
 from grpo_pilot.errors import InputError, RunError
 from grpo_pilot.models import Frozen
 
@@ -40,12 +41,20 @@ Scorer = Callable[[ScoreBatch], list[float]]
 """A reward part: one float per completion of the batch."""
 
 
+def _digits(item: Any) -> int:
+    try:
+        return int(int(abs(item)).bit_length() * math.log10(2)) + 1
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
 def checked_scores(values: object, count: int, label: str) -> tuple[float, ...]:
-    """`values` as floats after checking there is one finite real number per completion."""
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+    """`values` as floats after checking there is one real number per completion, finite in float32 (the
+    precision of the advantages: engine/finite.py). A mapping or a set is refused, not read by its keys."""
+    if isinstance(values, (str, bytes, dict, set, frozenset)) or not hasattr(values, "__len__"):
         raise RunError(
             f"The reward '{label}' returned {type(values).__name__}, not a list of numbers.",
-            "Return one float per completion.",
+            "Return one float per completion, as a list (or tuple) in the order of the completions.",
         )
     items = list(values)  # type: ignore[call-overload]
     if len(items) != count:
@@ -61,14 +70,29 @@ def checked_scores(values: object, count: int, label: str) -> tuple[float, ...]:
             )
         try:
             value = float(item)
+        except OverflowError:  # an int beyond any float, e.g. 10**400
+            raise NonFiniteError(
+                f"The reward '{label}' returned a number of about {_digits(item)} digits for completion {i}, "
+                "beyond float32.",
+                FLOAT32_HINT,
+                phase="reward",
+            ) from None
         except (TypeError, ValueError) as exc:
             raise RunError(
                 f"The reward '{label}' returned {type(item).__name__} for completion {i}; a number is needed.",
                 "Return floats.",
             ) from exc
         if not math.isfinite(value):
-            raise RunError(
-                f"The reward '{label}' returned {value} for completion {i}.", "Rewards must be finite numbers."
+            raise NonFiniteError(
+                f"The reward '{label}' returned {value} for completion {i}.",
+                "Rewards must be finite numbers.",
+                phase="reward",
+            )
+        if not fits_float32(value):
+            raise NonFiniteError(
+                f"The reward '{label}' returned {value:g} for completion {i}, beyond float32.",
+                FLOAT32_HINT,
+                phase="reward",
             )
         out.append(value)
     return tuple(out)

@@ -11,7 +11,10 @@
 
 `isolation="none"` (only with `allow_unsandboxed=True`, the `--allow-unsandboxed-code` flag) runs the
 harness directly in a temporary directory: resource limits, a new session, `nobody` when root, but
-the code can read what that user can read and use the network. `run_many` runs jobs on a small thread
+the code can read what that user can read and use the network. With no PID namespace to end, the job's
+processes are found and killed by their parent links and an environment mark (engine/proctree.py):
+a `setsid()` grandchild is stopped with the job, even when the code ends the harness with `os._exit`.
+`run_many` runs jobs on a small thread
 pool (each thread waits on one sandbox).
 """
 
@@ -34,6 +37,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import Field
 
+from grpo_pilot.engine.proctree import MARKER_ENV, kill_tree, new_token
 from grpo_pilot.engine.rewards import isolation as iso
 from grpo_pilot.engine.rewards.sealed import judge, seal_tests
 from grpo_pilot.errors import InputError, RunError
@@ -191,12 +195,14 @@ def run_tests(
     sealed = seal_tests(tests)
     payload: dict[str, Any] = {"code": code, "tests": list(sealed.sources), "limits": limits.model_dump()}
     work: Path | None = None
+    token: str | None = None
     if mechanism == "none":
         work = Path(tempfile.mkdtemp(prefix="grpo_pilot_sandbox_"))
         if os.geteuid() == 0:  # the harness drops to nobody: it may only write in its directory
             os.chown(work, NOBODY_ID, NOBODY_ID)
         payload["workdir"] = str(work)
-        interpreter, env, user = _bare_interpreter(), _bare_env(work), {}
+        token = new_token()  # marks the job's processes, setsid ones included (proctree.py)
+        interpreter, env, user = _bare_interpreter(), {**_bare_env(work), MARKER_ENV: token}, {}
     else:
         uid = iso.sandbox_uid()
         found = iso.interpreter_for(uid)
@@ -226,6 +232,8 @@ def run_tests(
         try:
             out, err, timed_out = _collect(proc, limits.timeout_s)
         finally:
+            if mechanism == "none":  # no PID namespace: the harness's tree and what left its session
+                kill_tree(proc.pid, token)
             _kill_group(proc.pid)  # the sandbox (and with it its PID namespace) ends here in every case
             proc.wait()
             writer.join()

@@ -1,18 +1,23 @@
 """Seal a record's assert tests: expected values stay in the parent, the sandbox only reports values.
 
-`seal_tests(tests)` rewrites every `assert COND` of every test (at any depth: in functions, loops, ...)
-into `__grpo_probe__(ID, lambda: e1, lambda: e2, ...)`. The e_k are the maximal sub-expressions of
-COND that the parent cannot evaluate itself (calls of the solution, names the test defines); what the
-parent *can* evaluate stays here: literals, `==`/`<`/`in`/`is`/... comparisons, `not`/`and`/`or`,
-arithmetic, tuple/list/set/dict displays and a few pure built-ins (`TRUSTED_CALLS`). A sub-tree that
-holds no literal is sent whole (there is nothing to hide in it). So `assert add(2, 3) == 5` sends
-`add(2, 3)` and keeps `5`; `assert abs(f(x) - 3.14) < 1e-6` sends `f(x)` and keeps the rest.
+`seal_tests(tests)` rewrites every `assert COND` of every test into `__grpo_probe__(ID, lambda: e1,
+lambda: e2, ...)`. The e_k are the leaves of COND that the parent cannot evaluate itself (calls of the
+solution, names, attributes, subscripts, comprehensions); everything above them stays here: literals,
+`==`/`<`/`in`/`is`/... comparisons, `not`/`and`/`or`, arithmetic, tuple/list/set/dict displays and a
+few pure built-ins (`TRUSTED_CALLS`). So `assert add(2, 3) == 5` sends `add(2, 3)` and keeps `== 5`;
+`assert abs(f(x) - 3.14) < 1e-6` sends `f(x)` and keeps the rest; no comparison ever runs in the
+sandbox. A top-level `if __name__ == "__main__":` guard is unwrapped first (the sandbox runs tests in
+the solution's namespace, where the block would never run).
 
-`judge(sealed, messages)` then decides each test from the harness's messages: a test passes when its
-snippet ran to the end, every assert of it that must run did run (`required`: not inside an
-if/while/try-handler/else/finally/match), and every execution of every assert of it evaluates true
-here, on values decoded into plain data (no object of the code's making ever reaches a comparison).
-An assert message or a test-end message that the code forges can only claim values, never a pass.
+Tests whose outcome the parent cannot decide from reported values (`judgeable.py`: no assert, an
+assert under a branch or loop, a `raise`, a comparison of two sandbox values) carry a `problem` and
+never pass; the `code` reward refuses them before training (`test_problems`).
+
+`judge(sealed, messages)` then decides each test from the harness's messages: a test passes when it
+can be judged, every assert of it reported at least once, every report evaluates true here on values
+decoded into plain data (no object of the code's making ever reaches a comparison), the harness said
+the test ended and nothing said it failed. What the code can forge — an end-of-test message, a kill
+before a failing assert reports — is never enough: each assert must report values that hold.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
+
+from grpo_pilot.engine.rewards import judgeable
 
 PROBE_NAME = "__grpo_probe__"
 PLACEHOLDER = "_grpo_value_"
@@ -76,7 +83,6 @@ _UNARY_OPS: dict[type, Callable[[Any], Any]] = {
     ast.UAdd: operator.pos,
     ast.Invert: operator.invert,
 }
-_OPTIONAL_PARENTS = (ast.If, ast.While, ast.ExceptHandler) + ((ast.Match,) if hasattr(ast, "Match") else ())
 _SANDBOX_ONLY_ARGS = (ast.Starred, ast.GeneratorExp, ast.Lambda)
 
 
@@ -86,15 +92,16 @@ class SealedAssert:
 
     test: int
     condition: ast.expr
-    required: bool
 
 
 @dataclass(frozen=True)
 class SealedTests:
-    """The rewritten tests for the sandbox (None: did not parse, fails) and the asserts kept here."""
+    """The rewritten tests for the sandbox (None: did not parse, fails), the asserts kept here, and per
+    test why it cannot be judged (None when it can)."""
 
     sources: tuple[str | None, ...]
     asserts: tuple[SealedAssert, ...]
+    problems: tuple[str | None, ...]
 
 
 class _Raised:
@@ -114,29 +121,20 @@ def _call_name(node: ast.expr) -> str | None:
 
 
 class _Splitter:
-    """Split one assert condition into the parent's expression and the sandbox's sub-expressions."""
+    """Split one assert condition into the parent's expression and the sandbox's leaf sub-expressions."""
 
     def __init__(self) -> None:
         self.probes: list[ast.expr] = []
 
-    def probe(self, node: ast.expr) -> ast.expr:
-        self.probes.append(node)
-        return ast.Name(id=f"{PLACEHOLDER}{len(self.probes) - 1}", ctx=ast.Load())
-
-    def split(self, node: ast.expr) -> tuple[ast.expr, bool]:
-        """(expression for the parent, whether it holds a literal); literal-free sub-trees become probes."""
+    def split(self, node: ast.expr) -> ast.expr:
+        """The expression for the parent: operators kept here, every other leaf replaced by a probe."""
         if isinstance(node, ast.Constant):
-            return node, True
+            return node
         children = self._children(node)
         if children is None:
-            return self.probe(node), False
-        mark = len(self.probes)
-        parts = [self.split(child) for child in children]
-        if not any(has_literal for _, has_literal in parts):
-            del self.probes[mark:]
-            return self.probe(node), False
-        rebuilt = self._rebuild(node, [expr for expr, _ in parts])
-        return rebuilt, True
+            self.probes.append(node)
+            return ast.Name(id=f"{PLACEHOLDER}{len(self.probes) - 1}", ctx=ast.Load())
+        return self._rebuild(node, [self.split(child) for child in children])
 
     @staticmethod
     def _children(node: ast.expr) -> list[ast.expr] | None:
@@ -186,47 +184,47 @@ class _Splitter:
 
 
 class _Rewriter(ast.NodeTransformer):
-    """Replace each assert of one test by a probe call; record the parent's side of it."""
+    """Replace each assert of one test by a probe call; record the parent's side of it and what keeps
+    it from being judged (judgeable.py)."""
 
     def __init__(self, test: int, first_id: int) -> None:
         self.test, self.next_id = test, first_id
         self.asserts: list[SealedAssert] = []
-        self._optional_depth = 0
+        self.probes: list[ast.expr] = []
+        self.conditional_lines: list[int] = []
+        self.condition_problems: list[str] = []
+        self._conditional_depth = 0
 
     def generic_visit(self, node: ast.AST) -> ast.AST:
-        optional = isinstance(node, _OPTIONAL_PARENTS)
-        self._optional_depth += optional
+        conditional = isinstance(node, judgeable.CONDITIONAL_STATEMENTS)
+        self._conditional_depth += conditional
         result = super().generic_visit(node)
-        self._optional_depth -= optional
+        self._conditional_depth -= conditional
         return result
-
-    def visit_Try(self, node: ast.Try) -> ast.AST:
-        node.body = [self.visit(s) for s in node.body]
-        self._optional_depth += 1  # handlers, else and finally run only on some paths
-        node.handlers = [self.visit(h) for h in node.handlers]
-        node.orelse = [self.visit(s) for s in node.orelse]
-        node.finalbody = [self.visit(s) for s in node.finalbody]
-        self._optional_depth -= 1
-        return node
-
-    visit_TryStar = visit_Try
-
-    def visit_For(self, node: ast.For) -> ast.AST:
-        node.body = [self.visit(s) for s in node.body]
-        self._optional_depth += 1
-        node.orelse = [self.visit(s) for s in node.orelse]
-        self._optional_depth -= 1
-        return node
 
     def visit_Assert(self, node: ast.Assert) -> ast.AST:
         splitter = _Splitter()
-        condition, _ = splitter.split(node.test)
-        self.asserts.append(SealedAssert(self.test, condition, required=self._optional_depth == 0))
+        condition = splitter.split(node.test)
+        self.asserts.append(SealedAssert(self.test, condition))
+        self.probes.extend(splitter.probes)
+        if self._conditional_depth:
+            self.conditional_lines.append(node.lineno)
+        problem = judgeable.condition_problem(condition, splitter.probes, PLACEHOLDER)
+        if problem:
+            self.condition_problems.append(f"the assert on line {node.lineno}: {problem}")
         thunks = [ast.Lambda(args=_no_args(), body=p) for p in splitter.probes]
         probe = ast.Name(id=PROBE_NAME, ctx=ast.Load())
         call = ast.Call(func=probe, args=[ast.Constant(self.next_id), *thunks], keywords=[])
         self.next_id += 1
         return ast.copy_location(ast.Expr(value=call), node)
+
+    def problem(self, tree: ast.Module) -> str | None:
+        """Why this (rewritten) test cannot be judged, or None."""
+        problems = judgeable.statement_problems(tree, len(self.asserts), self.conditional_lines)
+        problems += self.condition_problems
+        tainted = judgeable.tainted_probe_problem(judgeable.compared_names(tree), self.probes)
+        problems += [tainted] if tainted else []
+        return "; ".join(problems) or None
 
 
 def _no_args() -> ast.arguments:
@@ -237,17 +235,27 @@ def seal_tests(tests: Sequence[str]) -> SealedTests:
     """Rewrite `tests` for the sandbox and keep their assert conditions here (see the module docstring)."""
     sources: list[str | None] = []
     asserts: list[SealedAssert] = []
+    problems: list[str | None] = []
     for index, test in enumerate(tests):
         try:
-            tree = ast.parse(test)
+            tree = judgeable.unwrap_main_guard(ast.parse(test))
+            rewriter = _Rewriter(index, len(asserts))
+            tree = ast.fix_missing_locations(rewriter.visit(tree))
+            source = ast.unparse(tree)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             sources.append(None)
+            problems.append("it is not valid Python")
             continue
-        rewriter = _Rewriter(index, len(asserts))
-        tree = ast.fix_missing_locations(rewriter.visit(tree))
-        sources.append(ast.unparse(tree))
+        sources.append(source)
         asserts.extend(rewriter.asserts)
-    return SealedTests(sources=tuple(sources), asserts=tuple(asserts))
+        problems.append(rewriter.problem(tree))
+    return SealedTests(sources=tuple(sources), asserts=tuple(asserts), problems=tuple(problems))
+
+
+def unjudgeable_tests(tests: Sequence[str]) -> list[tuple[int, str]]:
+    """(index, reason) for each test the parent cannot judge (see judgeable.py for the rules)."""
+    sealed = seal_tests(tests)
+    return [(i, p) for i, p in enumerate(sealed.problems) if p is not None]
 
 
 def decode(value: Any, depth: int = 0) -> Any:
@@ -364,7 +372,10 @@ def holds(condition: ast.expr, values: Sequence[Any]) -> bool:
 
 
 def judge(sealed: SealedTests, messages: Sequence[dict[str, Any]]) -> tuple[bool, ...]:
-    """One pass flag per test from the harness's messages (see the module docstring)."""
+    """One pass flag per test from the harness's messages (see the module docstring).
+
+    Only two kinds of message can help a test: a probe (values, judged here) and the end-of-test
+    message, which is necessary but never sufficient. Everything else can only fail it."""
     num_tests = len(sealed.sources)
     finished = [False] * num_tests
     failed = [False] * num_tests
@@ -373,7 +384,7 @@ def judge(sealed: SealedTests, messages: Sequence[dict[str, Any]]) -> tuple[bool
         kind = message.get("k")
         if kind == "test":
             index = message.get("i")
-            if isinstance(index, int) and 0 <= index < num_tests:
+            if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < num_tests:
                 if message.get("ok") is True:
                     finished[index] = True
                 else:
@@ -387,6 +398,9 @@ def judge(sealed: SealedTests, messages: Sequence[dict[str, Any]]) -> tuple[bool
             if not isinstance(values, list) or not holds(check.condition, [decode(v) for v in values]):
                 failed[check.test] = True
     for assert_id, check in enumerate(sealed.asserts):
-        if check.required and not seen[assert_id]:
+        if not seen[assert_id]:
             failed[check.test] = True
-    return tuple(finished[i] and not failed[i] and sealed.sources[i] is not None for i in range(num_tests))
+    return tuple(
+        finished[i] and not failed[i] and sealed.sources[i] is not None and sealed.problems[i] is None
+        for i in range(num_tests)
+    )

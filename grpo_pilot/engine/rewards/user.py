@@ -105,4 +105,5 @@ def make_user_scorer(ref: str, *, timeout_s: float = DEFAULT_USER_CODE_TIMEOUT_S
         values = _run(worker, ref, calls, [record.line for record in batch.records])
         return [checked_scores([value], 1, ref)[0] for value in values]
 
+    score.close = worker.close  # type: ignore[attr-defined]  # RewardModel.close stops the worker and its tree
     return score
