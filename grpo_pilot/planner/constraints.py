@@ -52,7 +52,8 @@ class Check(Frozen):
 
 
 def _check(rule: str, excess: float, binding: str, message: str) -> Check:
-    return Check(rule=rule, excess=float(excess), binding=binding, message=message)
+    # built thousands of times per search from values computed here: no validation in the loop
+    return Check.model_construct(rule=rule, excess=float(excess), binding=binding, message=message)
 
 
 def _rule(rule: str, ok: bool, message: str) -> Check:

@@ -346,7 +346,7 @@ def estimate_memory(
     """
     ctx = memory_context(model, cluster, workload, knobs, executor=traits_for(target), overheads=overheads)
     rollout = rollout_memory(ctx)
-    return MemoryReport(
+    return MemoryReport.model_construct(  # the search's inner loop: computed values, no validation pass
         phases={
             "rollout": PhaseMemory.of(rollout.items),
             "log_prob": PhaseMemory.of(log_prob_memory(ctx)),

@@ -171,7 +171,8 @@ def assess(inputs: PlanInputs, knobs: Knobs, structural: tuple[Check, ...] | Non
         kv_budget_bytes=kv_budget,
         device_bytes=inputs.device_bytes,
     )
-    return Assessment(knobs=knobs, memory=memory, time=time, checks=checks)
+    # the search's inner loop: every field computed here, so no validation (pydantic at the edges only)
+    return Assessment.model_construct(knobs=knobs, memory=memory, time=time, checks=checks)
 
 
 def worst_case_memory(inputs: PlanInputs, knobs: Knobs) -> MemoryReport:

@@ -30,8 +30,12 @@ class PhaseMemory(Frozen):
 
     @classmethod
     def of(cls, items: dict[str, int]) -> "PhaseMemory":
+        """From the estimators' integer items (checked non-negative; the total is their sum by construction),
+        without a validation pass: the search builds thousands of these."""
         clean = {k: int(v) for k, v in items.items()}
-        return cls(total_bytes=sum(clean.values()), items=clean)
+        if any(v < 0 for v in clean.values()):
+            raise ValueError(f"negative memory item in {clean}")
+        return cls.model_construct(total_bytes=sum(clean.values()), items=clean)
 
     @property
     def tensor_bytes(self) -> int:

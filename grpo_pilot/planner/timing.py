@@ -382,7 +382,7 @@ def estimate_time(
     }
     step_s = sum(phases.values())
     peak = cluster.gpu.bf16_flops * cluster.world_size
-    return TimeReport(
+    return TimeReport.model_construct(  # the search's inner loop: computed values, no validation pass
         phases_s=phases,
         step_s=step_s,
         tokens_per_s=trained_tokens_per_step(workload) / step_s if step_s > 0 else 0.0,

@@ -21,6 +21,7 @@ tensor-parallel replica:
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from grpo_pilot.planner.overheads import Overheads
@@ -42,6 +43,7 @@ class VllmBudget(NamedTuple):
         return max(0, self.kv_signed_bytes)
 
 
+@lru_cache(maxsize=64)
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, int]:
     """(number of CUDA-graph capture sizes, largest size) for vLLM's default capture list."""
     largest = min(2 * max_num_seqs, VLLM_DEFAULT_MAX_CAPTURE_SIZE, max_num_batched_tokens)
