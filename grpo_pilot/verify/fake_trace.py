@@ -15,8 +15,9 @@ Host syncs: the engine's actor reads a few numbers back from tensors (loss metri
 the micro-batch count agreed across ranks). A fake tensor has no value, so `HostSyncFakeMode` answers
 `aten._local_scalar_dense` with the tensor's tracked constant when it has one (small tensors made
 from Python numbers, e.g. the micro-batch count, keep theirs through the fake all-reduce: every rank
-of the fake group is rank 0, so the reduction of equal values is the value), else 1 (False for a
-boolean): those are metrics, which never decide what is allocated.
+of the fake group is rank 0, so the reduction of equal values is the value), else 1 (True for a
+boolean): those are metrics, which never decide what is allocated, and the finiteness checks before an
+optimizer step (engine/finite.py), which then pass as they do on real data.
 
 torch is imported inside the functions only.
 """
@@ -130,7 +131,7 @@ def host_sync_fake_mode() -> Any:
                     return super().__torch_dispatch__(func, types, args, kwargs)
                 except DataDependentOutputException:
                     dtype = args[0].dtype
-                    return False if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
+                    return True if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
             return super().__torch_dispatch__(func, types, args, kwargs)
 
     return HostSyncFakeMode(allow_non_fake_inputs=True)
