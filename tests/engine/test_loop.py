@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from grpo_pilot.planner.plan import Plan
 from grpo_pilot.engine.loop import run, sampling_seed
 from grpo_pilot.engine.run_config import RunConfig
 from grpo_pilot.errors import InputError
@@ -169,7 +170,8 @@ def test_vllm_backend_runs_steps_and_counts_its_kv_cache(tmp_path):
 def test_profile_notes_a_plan_that_predicts_a_different_old_logprob_pass(tmp_path):
     # one on-policy update: the engine skips the old-policy pass, as the grpo-pilot plan predicts; a verl plan counts it
     ours = run(tiny_plan(), config(tmp_path / "ours", steps=2), quiet=True).profile.notes
-    verl_plan = tiny_plan().model_copy(update={"target": "verl"})
+    # a plan made for verl: its recorded execution facts (execution.py) say an old-policy pass runs
+    verl_plan = Plan.model_validate({**tiny_plan().model_dump(), "target": "verl", "execution": None})
     verl = run(verl_plan, config(tmp_path / "verl", steps=2), quiet=True).profile.notes
     assert not any(note.startswith("log_prob:") for note in ours)
     assert any(
