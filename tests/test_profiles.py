@@ -257,3 +257,34 @@ def test_bundled_file_round_trips_through_copy(tmp_path: Path) -> None:
     shutil.copy(CONFIGS / "llama-3.1-8b.json", tmp_path / "config.json")
     cfg, _ = load_hf_config(tmp_path)
     assert spec_from_hf_config(cfg, "x").num_params == resolve_model("llama-3.1-8b").spec.num_params
+
+
+def test_a_buildable_config_is_checked_once_per_transformers_version(tmp_path, monkeypatch):
+    """transformers' validation costs seconds of imports: a config that passed is remembered (its hash and
+    the installed transformers version) and not checked again; a refused one is checked every time."""
+    from grpo_pilot.errors import InputError
+    from grpo_pilot.profiles import buildable
+
+    monkeypatch.setenv(buildable.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(buildable, "transformers_available", lambda: True)
+    calls: list[str] = []
+
+    def fake_check(cfg, name):
+        calls.append(name)
+        if cfg.get("model_type") == "nope":
+            raise InputError("refused", "")
+
+    monkeypatch.setattr(buildable, "_check", fake_check)
+    good = {"model_type": "qwen2", "hidden_size": 64}
+    buildable.check_buildable(good, "a")
+    buildable.check_buildable(dict(good), "b")  # the same config: remembered
+    assert calls == ["a"]
+    buildable.check_buildable({**good, "hidden_size": 128}, "c")  # another config: checked
+    assert calls == ["a", "c"]
+    for _ in range(2):
+        with pytest.raises(InputError):
+            buildable.check_buildable({"model_type": "nope"}, "d")
+    assert calls == ["a", "c", "d", "d"]  # a refusal is never cached
+    monkeypatch.setattr(buildable.importlib.metadata, "version", lambda _: "99.0")
+    buildable.check_buildable(good, "e")  # another transformers: checked again
+    assert calls[-1] == "e"
