@@ -1,8 +1,10 @@
-"""Planning latency: one estimate, one full search, and the `grpo-plan` command's wall time.
+"""Planning latency: one estimate, one full search, and the `grpo-plan` command's time.
 
-Prints medians (this box is shared and noisy: medians of several runs, CPU time beside wall time).
-The criterion is the README's first command — `grpo-plan --model qwen-32b --gpus 8xA100-80G` —
-under 2 s of wall time, imports included.
+Prints medians (this box is shared and noisy: medians of several runs, CPU time beside wall time;
+CPU time is what the criteria judge, since other jobs share the cores). Criteria (issue 15):
+- the qwen-32b full search (`search(...)`, the README's first command without imports) under 1 s of CPU;
+- `grpo-plan` on a local model directory (examples/tiny) under 1.5 s of CPU, imports included, once its
+  config's transformers check is remembered (profiles/buildable.py; the first run pays the import).
 
 Run: .venv/bin/python benchmarks/plan_latency.py [--runs 5]
 """
@@ -29,16 +31,20 @@ from grpo_pilot.planner.search import search
 from grpo_pilot.planner.timing import estimate_time
 from grpo_pilot.profiles import resolve_model
 
-CLI_BUDGET_S = 2.0
+SEARCH_CPU_BUDGET_S = 1.0
+LOCAL_DIR_CPU_BUDGET_S = 1.5
 MODEL, GPUS = "qwen-32b", "8xA100-80G"
+LOCAL_DIR = Path(__file__).resolve().parents[1] / "examples" / "tiny"
+LOCAL_ARGS = ["--gpus", "1xcpu", "--prompts-per-step", "8", "--mini-batch", "8", "--n", "4", "--prompt-len", "32",
+              "--response-len", "16", "--no-kl", "--pin", "rollout_backend=hf"]  # fmt: skip
 
 
-def _median_s(fn, repeats: int) -> float:
+def _median_s(fn, repeats: int, clock=time.perf_counter) -> float:
     samples = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        samples.append(time.perf_counter() - t0)
+        samples.append(clock() - t0)
     return statistics.median(samples)
 
 
@@ -90,28 +96,30 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     first = search(inputs)
+    search_cpu = _median_s(lambda: search(inputs), args.runs, clock=time.process_time)
     rows.append(
         (
             f"full search ({first.trials} Optuna trials + {first.refine_evaluations} refinement evaluations)",
-            f"{_median_s(lambda: search(inputs), args.runs):.3f} s",
-            f"median of {args.runs}",
+            f"{search_cpu:.3f} s CPU",
+            f"median of {args.runs}; plan {first.best.time.tokens_per_s:,.0f} tokens/s",
         )
     )
-    worst = 0.0
-    for label, extra in (("table", []), ("--json", ["--json"])):
-        runs = [_cli_run(["--model", MODEL, "--gpus", GPUS, *extra]) for _ in range(args.runs)]
+    cpu_by_label: dict[str, float] = {}
+    commands = (
+        ("table", ["--model", MODEL, "--gpus", GPUS]),
+        ("--json", ["--model", MODEL, "--gpus", GPUS, "--json"]),
+        ("local model directory", ["--model", str(LOCAL_DIR), *LOCAL_ARGS]),
+    )
+    for label, words in commands:
+        _cli_run(words)  # warm-up: the page cache, and a local config's remembered transformers check
+        runs = [_cli_run(words) for _ in range(args.runs)]
         if any(rc != 0 for _, _, rc in runs):
             print(f"grpo-plan {label} failed", file=sys.stderr)
             return 1
         wall = statistics.median(w for w, _, _ in runs)
-        cpu = statistics.median(c for _, c, _ in runs)
-        worst = max(worst, wall)
+        cpu_by_label[label] = statistics.median(c for _, c, _ in runs)
         rows.append(
-            (
-                f"grpo-plan --model {MODEL} --gpus {GPUS} ({label})",
-                f"{wall:.2f} s wall",
-                f"CPU {cpu:.2f} s; median of {args.runs}",
-            )
+            (f"grpo-plan {' '.join(words[:4])} … ({label})", f"{cpu_by_label[label]:.2f} s CPU", f"{wall:.2f} s wall")
         )
 
     table = Table(title=f"planning latency ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
@@ -120,9 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         table.add_row(*row)
     Console(width=160).print(table)
-    verdict = "PASS" if worst < CLI_BUDGET_S else "FAIL"
-    print(f"{verdict}: CLI median wall time {worst:.2f} s (criterion < {CLI_BUDGET_S:.0f} s)")
-    return 0 if verdict == "PASS" else 1
+    ok = search_cpu < SEARCH_CPU_BUDGET_S and cpu_by_label["local model directory"] < LOCAL_DIR_CPU_BUDGET_S
+    print(
+        f"{'PASS' if ok else 'FAIL'}: full search {search_cpu:.2f} s CPU (criterion < {SEARCH_CPU_BUDGET_S} s); "
+        f"local model directory {cpu_by_label['local model directory']:.2f} s CPU (< {LOCAL_DIR_CPU_BUDGET_S} s)"
+    )
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
