@@ -168,15 +168,21 @@ def _launch(
     gpus: str | None,
     host_bytes: int | None,
     lengths: dict[str, Any],
-) -> tuple[str, Cluster, Workload, Knobs, list[str], str]:
-    """(model, cluster, workload, knobs, notes, target) of a verl script or a TRL config."""
+    *,
+    script_args: str | None = None,
+) -> tuple[str, Cluster, Workload, Knobs, list[str], str, dict[str, Any]]:
+    """(model, cluster, workload, knobs, notes, target, HF config overrides) of a verl script or a TRL config."""
+    hf_overrides: dict[str, Any] = {}
     if from_verl:
         from grpo_pilot.planner.from_verl import read_verl
+        from grpo_pilot.planner.shell_words import split_words
 
-        launch = read_verl(read_text(from_verl, "verl launch script"), overrides)
+        args = split_words(script_args) if script_args else []
+        text = read_text(from_verl, "verl launch script")
+        launch = read_verl(text, overrides, script_args=args, model_fallback=model)
         cluster = launch_cluster(gpus, launch.num_nodes, launch.gpus_per_node, host_bytes)
         workload_fields, knobs, notes, target = dict(launch.workload), launch.knobs, list(launch.notes), "verl"
-        launch_model = launch.model
+        launch_model, hf_overrides = launch.model, dict(launch.hf_overrides)
         if not launch.remove_padding:
             lengths = {k: v for k, v in lengths.items() if k in ("prompt_len_tokens", "response_len_tokens")}
     else:
@@ -205,7 +211,17 @@ def _launch(
             f"The launch trains '{launch_model}', which is neither a bundled model nor a local config.",
             "Pass --model with a bundled alias of the same architecture or a path to its config.json.",
         ) from None
-    return chosen, cluster, workload, knob_values, notes, target
+    return chosen, cluster, workload, knob_values, notes, target, hf_overrides
+
+
+def _with_hf_overrides(inputs: Any, hf_overrides: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The plan inputs with the launch's `override_config` applied to the model spec (profiles/config_overrides)."""
+    if not hf_overrides:
+        return inputs, []
+    from grpo_pilot.profiles.config_overrides import apply_config_overrides
+
+    spec, notes = apply_config_overrides(inputs.model.spec, hf_overrides)
+    return inputs.model_copy(update={"model": inputs.model.model_copy(update={"spec": spec})}), notes
 
 
 @app.command()
@@ -275,9 +291,16 @@ def main(
     override: list[str] = typer.Option(
         [],
         "--override",
-        help="With --from-verl: a Hydra override applied after the script (key.path=value, ~key.path), or an "
-        "environment variable set before it (NAME=value, e.g. VLLM_USE_V1=0). With --from-trl: a config key "
+        help="With --from-verl: a Hydra override applied after the script (key.path=value, ~key.path), an "
+        "environment variable set before it (NAME=value, e.g. VLLM_USE_V1=0), or VERL_VERSION=<release or date> "
+        "for the verl the launch runs on (its defaults and batch semantics). With --from-trl: a config key "
         "(key=value, e.g. num_processes=8). Repeatable.",
+    ),
+    script_args: Optional[str] = typer.Option(
+        None,
+        "--script-args",
+        help="With --from-verl: the arguments the launch script is run with, as one string "
+        "(e.g. '--model_name Qwen2.5-7B --max_response_length 8192'): its $1 $2 ... and its own argument loop.",
     ),
     trials: int = typer.Option(
         0, "--trials", min=0, help=f"Optuna sampler trials before the local refinement (0 = {DEFAULT_TRIALS})."
@@ -328,6 +351,8 @@ def main(
         raise InputError(
             "--emit and --json both want stdout.", "Use --json --out plan.json, then run again with --emit."
         )
+    if script_args is not None and not from_verl:
+        raise InputError("--script-args applies to a --from-verl launch script.", "Add --from-verl SCRIPT.")
     if override and not (from_verl or from_trl):
         raise InputError("--override applies to a --from-verl or --from-trl file.", "Use --pin KEY=VALUE for knobs.")
     if verify:
@@ -356,12 +381,14 @@ def main(
                 "Change the file, or pass --override; lengths' means and spreads may be given, and --pin sets "
                 "what a launch file cannot say (e.g. vllm_engine, vllm_memory).",
             )
-        model_name, cluster, workload, knobs, notes, launch_target = _launch(
-            from_verl, from_trl, override, model, gpus, host_bytes, length_values
+        model_name, cluster, workload, knobs, notes, launch_target, hf_overrides = _launch(
+            from_verl, from_trl, override, model, gpus, host_bytes, length_values, script_args=script_args
         )
         if pin:  # on top of the launch: what its file cannot express (the vLLM version's behaviour, ...)
             knobs = Knobs(**{**knobs.model_dump(), **parse_pins(pin)})
         inputs = _inputs(model_name, cluster, workload, target or launch_target, headroom_gib)
+        inputs, model_notes = _with_hf_overrides(inputs, hf_overrides)
+        notes += model_notes
         inputs, note = _calibrate(inputs, calibration, no_calibration)
         notes += [note] if note else []
         plan, changes = _evaluate_launch(inputs, knobs, trials or DEFAULT_TRIALS, seed)

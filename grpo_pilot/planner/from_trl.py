@@ -14,16 +14,28 @@ DeepSpeed ZeRO-2 or DDP replicates parameters and needs more memory than planned
 
 Axolotl (`rl: grpo`) maps `base_model`, `micro_batch_size`, `gradient_accumulation_steps`,
 `sequence_len` and its `trl:` section onto the same fields.
+
+Batch rules are TRL's own (trl 1.16 trl/trainer/grpo_config.py `GRPOConfig.__post_init__` lines 1096-1141):
+`generation_batch_size` must divide by `per_device_train_batch_size × processes` and by `num_generations`
+(a group may span optimizer steps: an optimizer step need not hold whole groups), it and
+`steps_per_generation` exclude each other, and `num_generations >= 2`. Adapter settings (`use_peft`,
+`lora_*`, `load_in_4bit/8bit`, `peft_config`, Axolotl `adapter`) are read into `TrlLaunch.adapter`
+(planner/adapters.py) and refused until the planner models them. Every value is checked where it is read:
+a bad one is an error naming its key (its text bounded, whatever the YAML holds).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from pydantic import Field
 
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.adapters import AdapterSettings, refuse, show, trl_adapter
+
+MAX_YAML_DEPTH = 64  # nesting of a config's mappings and lists (a GRPOConfig YAML nests 2-3 levels)
 
 # TRL defaults (trl 1.16 GRPOConfig; transformers TrainingArguments for the Trainer fields).
 TRL_DEFAULTS: dict[str, Any] = {
@@ -39,7 +51,6 @@ TRL_DEFAULTS: dict[str, Any] = {
     "vllm_gpu_memory_utilization": 0.3,
     "vllm_tensor_parallel_size": 1,
     "gradient_checkpointing": False,
-    "ds3_gather_for_generation": True,
 }
 
 
@@ -49,22 +60,36 @@ class TrlLaunch(Frozen):
     model: str
     workload: dict[str, Any]
     knobs: dict[str, Any]
+    adapter: AdapterSettings | None = Field(default=None, description="LoRA / QLoRA settings (None: full FT).")
+    zero_stage: int | None = Field(
+        default=None, description="DeepSpeed ZeRO stage named by `deepspeed:` (None: no DeepSpeed, or not told)."
+    )
+    gather_for_generation: bool = Field(
+        default=True,
+        description="ds3_gather_for_generation (trl 1.16 grpo_config.py line 498, default True): under ZeRO-3 "
+        "generation with the policy gathers the whole model on every GPU.",
+    )
+    model_dtype: str | None = Field(default=None, description="torch_dtype / dtype the model is loaded in.")
     notes: tuple[str, ...] = Field(default=())
-
-
-def _zero3(deepspeed: Any) -> bool:
-    """Whether a `deepspeed` setting names ZeRO stage 3 (a config name like 'zero3', a path to a
-    zero3 json, or an inline dict with zero_optimization.stage 3)."""
-    if isinstance(deepspeed, Mapping):
-        stage = (deepspeed.get("zero_optimization") or {}).get("stage")
-        return str(stage) == "3"
-    return isinstance(deepspeed, str) and "zero3" in deepspeed.replace("_", "").replace("-", "").lower()
 
 
 def _int(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{key}: {value!r} is not a positive integer.", "Fix the config.")
+        raise InputError(f"{key}: {show(value)} is not a positive integer.", "Fix the config.")
     return value
+
+
+def _flag(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{key}: {show(value)} is not true or false.", "Fix the config.")
+    return value
+
+
+def _number(value: Any, key: str, low: float, high: float) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not low <= value <= high:
+        raise InputError(f"{key}: {show(value)} is not a finite number in [{low:g}, {high:g}].", "Fix the config.")
+    return float(value)
 
 
 def _axolotl(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -81,21 +106,28 @@ def _axolotl(cfg: Mapping[str, Any]) -> dict[str, Any]:
             out[dst] = cfg[src]
     if "sequence_len" in cfg and "max_prompt_length" not in out:
         out["max_prompt_length"] = cfg["sequence_len"]
-    for key in ("fsdp", "fsdp_config", "deepspeed", "num_processes"):
+    for key in ("fsdp", "fsdp_config", "deepspeed", "num_processes", "adapter", "lora_r", "lora_alpha"):
+        if key in cfg:
+            out[key] = cfg[key]
+    for key in ("lora_dropout", "lora_target_modules", "lora_target_linear", "load_in_4bit", "load_in_8bit"):
         if key in cfg:
             out[key] = cfg[key]
     return out
 
 
-def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> TrlLaunch:
+def trl_launch(
+    cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1, *, adapters_modelled: bool = False
+) -> TrlLaunch:
     """Map a GRPOConfig / Axolotl mapping on `total_gpus` GPUs over `num_nodes` nodes (see module docstring).
 
     vLLM server GPUs are planned as an equal share of every node (the planner's split layout); a whole
-    node serving vLLM beside whole training nodes has the same per-GPU memory."""
+    node serving vLLM beside whole training nodes has the same per-GPU memory. A launch with adapters is
+    refused unless `adapters_modelled` (then `adapter` carries them)."""
     if not isinstance(cfg, Mapping):
         raise InputError("The TRL config is not a mapping of settings.", "Pass a GRPOConfig YAML file.")
     notes: list[str] = []
-    if str(cfg.get("rl", "")).lower() == "grpo" or "base_model" in cfg:
+    axolotl = str(cfg.get("rl", "")).lower() == "grpo" or "base_model" in cfg
+    if axolotl:
         cfg = _axolotl(cfg)
         notes.append("read as an Axolotl GRPO config")
 
@@ -106,19 +138,114 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
     model = cfg.get("model_name_or_path")
     if not model:
         raise InputError("The config has no model_name_or_path (base_model for Axolotl).", "Add it, or pass --model.")
+    if not isinstance(model, str):
+        raise InputError(f"model_name_or_path: {show(model)} is not a model name.", "Fix the config.")
+    adapter = trl_adapter(cfg, axolotl)
+    if adapter is not None and not adapters_modelled:
+        refuse(adapter)
+    batch = _batches(cfg, get, total_gpus, notes)
+    use_vllm, mode, processes, micro = batch["use_vllm"], batch["mode"], batch["processes"], batch["micro"]
+    knobs = _trl_knobs(cfg, get, micro, notes)
+    zero_stage, gather = _deepspeed(cfg, use_vllm, notes)
+    dtype = cfg.get("torch_dtype", cfg.get("dtype"))
+    if dtype is not None and not isinstance(dtype, str):
+        raise InputError(f"torch_dtype: {show(dtype)} is not a dtype name.", "Fix the config.")
+    if not use_vllm:
+        knobs.update(rollout_backend="hf", rollout_tp=1, placement="colocated")
+        if zero_stage == 3 and gather:
+            knobs["hf_generation_weights"] = "model"  # GatheredParameters around generate (TRL's default)
+    elif mode == "colocate":
+        knobs.update(
+            rollout_backend="vllm",
+            placement="colocated",
+            rollout_tp=_int(get("vllm_tensor_parallel_size"), "vllm_tensor_parallel_size"),
+            gpu_memory_utilization=_number(get("vllm_gpu_memory_utilization"), "vllm_gpu_memory_utilization", 0, 1),
+        )
+    else:
+        knobs.update(_server_knobs(cfg, total_gpus, processes, num_nodes))
+        notes.append(f"vLLM server on {total_gpus - processes} GPU(s), {processes} training processes")
+    workload = {
+        "prompts_per_step": batch["prompts_per_step"],
+        "mini_batch_prompts": batch["mini_batch_prompts"],
+        "n": batch["n"],
+        "prompt_len_tokens": _int(get("max_prompt_length"), "max_prompt_length"),
+        "response_len_tokens": _int(get("max_completion_length"), "max_completion_length"),
+        "use_kl_loss": _number(get("beta"), "beta", 0.0, 1e6) > 0.0,
+        "ppo_epochs": _int(get("num_iterations"), "num_iterations"),
+        "entropy_coeff": 0.0,
+    }
+    return TrlLaunch(
+        model=model,
+        workload=workload,
+        knobs=knobs,
+        adapter=adapter,
+        zero_stage=zero_stage,
+        gather_for_generation=gather,
+        model_dtype=dtype,
+        notes=tuple(notes),
+    )
+
+
+def _deepspeed(cfg: Mapping[str, Any], use_vllm: bool, notes: list[str]) -> tuple[int | None, bool]:
+    """(ZeRO stage, ds3_gather_for_generation) from `deepspeed:` — a config mapping, or a name such as
+    ms-swift's `zero3` or a file `ds_z3_config.json` (the file itself is not read: its path is the user's)."""
+    ds = cfg.get("deepspeed")
+    gather = cfg.get("ds3_gather_for_generation", True)
+    gather = _flag(gather, "ds3_gather_for_generation")
+    if not ds:
+        if not cfg.get("fsdp"):
+            notes.append(
+                "planned with FSDP full sharding (the planner's TRL model); DeepSpeed ZeRO-2 or DDP replicate "
+                "parameters and need more memory than this plan shows"
+            )
+        return None, gather
+    stage = None
+    if isinstance(ds, Mapping):
+        zero = ds.get("zero_optimization")
+        stage = zero.get("stage") if isinstance(zero, Mapping) else None
+        stage = stage if stage in (0, 1, 2, 3) else None
+    elif isinstance(ds, str):
+        name = ds.lower().replace("_", "").replace("-", "")
+        stage = next((k for k in (3, 2, 1) if f"zero{k}" in name or f"z{k}" in name or f"stage{k}" in name), None)
+    if stage is None:
+        notes.append(f"deepspeed: {show(ds)} — its ZeRO stage is not told by the name; planned as full sharding")
+    elif stage < 3:
+        notes.append(
+            f"DeepSpeed ZeRO-{stage} replicates parameters on every GPU; planned with full sharding (the planner's "
+            "TRL model), so this plan shows less memory than the run needs"
+        )
+    if stage == 3 and not use_vllm and gather:
+        notes.append(
+            "DeepSpeed ZeRO-3 with generation by the policy: TRL gathers the whole model on every GPU while "
+            "generating (ds3_gather_for_generation, default true: trl/models/utils.py unwrap_model_for_generation) "
+            "— not in this plan's rollout memory"
+        )
+    return stage, gather
+
+
+def _batches(cfg: Mapping[str, Any], get: Any, total_gpus: int, notes: list[str]) -> dict[str, Any]:
+    """TRL's batch arithmetic (module docstring) in prompts."""
     micro = _int(get("per_device_train_batch_size"), "per_device_train_batch_size")
     accum = _int(get("gradient_accumulation_steps"), "gradient_accumulation_steps")
     n = _int(get("num_generations"), "num_generations")
-    steps_per_generation = _int(cfg.get("steps_per_generation") or accum, "steps_per_generation")
-    use_vllm = bool(get("use_vllm"))
-    mode = str(cfg.get("vllm_mode") or ("server" if cfg.get("vllm_device") else TRL_DEFAULTS["vllm_mode"]))
+    if n < 2:
+        raise InputError("num_generations: 1 — GRPO needs at least 2 completions per prompt (TRL refuses).", "")
+    use_vllm = _flag(get("use_vllm"), "use_vllm")
+    mode = cfg.get("vllm_mode") or ("server" if cfg.get("vllm_device") else TRL_DEFAULTS["vllm_mode"])
+    if mode not in ("server", "colocate"):
+        raise InputError(f"vllm_mode: {show(mode)} is neither server nor colocate.", "Fix the config.")
     processes = cfg.get("num_processes")
     if processes is None:
         processes = total_gpus - 1 if (use_vllm and mode == "server") else total_gpus
     processes = _int(processes, "num_processes")
     if processes > total_gpus:
         raise InputError(f"num_processes={processes} exceeds the {total_gpus} GPUs of --gpus.", "Check --gpus.")
-    rollout_gpus = total_gpus - processes
+    if cfg.get("generation_batch_size") is not None and cfg.get("steps_per_generation") is not None:
+        raise InputError(
+            "generation_batch_size and steps_per_generation are both set (TRL refuses: one sets the other).",
+            "Keep one of them.",
+        )
+    steps_per_generation = _int(cfg.get("steps_per_generation") or accum, "steps_per_generation")
     if cfg.get("generation_batch_size") is not None:
         generation = _int(cfg["generation_batch_size"], "generation_batch_size")
         if generation % (micro * processes):
@@ -128,28 +255,44 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
                 "Fix the batch settings.",
             )
         steps_per_generation = generation // (micro * processes)
-    completions_per_step = micro * processes * accum
-    if completions_per_step % n or (micro * processes * steps_per_generation) % n:
+    generation = micro * processes * steps_per_generation
+    if generation % n:
         raise InputError(
-            f"per_device_train_batch_size × processes × gradient_accumulation_steps = {completions_per_step} "
-            f"is not a multiple of num_generations={n} (TRL requires whole groups).",
+            f"the generation batch (per_device_train_batch_size × processes × steps_per_generation = {generation}) "
+            f"is not a multiple of num_generations={n} (TRL requires whole groups in it).",
             "Fix the batch settings.",
         )
+    completions_per_step = micro * processes * accum
+    mini = completions_per_step // n
+    if completions_per_step % n:
+        mini = max(1, mini)
+        notes.append(
+            f"an optimizer step takes {completions_per_step} completions, not whole groups of {n}: planned as "
+            f"{mini} prompt(s) per optimizer step ({generation // completions_per_step or 1} optimizer steps per "
+            "generation batch in TRL; the planner counts whole prompts)"
+        )
+    return {
+        "micro": micro,
+        "n": n,
+        "use_vllm": use_vllm,
+        "mode": mode,
+        "processes": processes,
+        "prompts_per_step": generation // n,
+        "mini_batch_prompts": min(mini, generation // n),
+    }
+
+
+def _trl_knobs(cfg: Mapping[str, Any], get: Any, micro: int, notes: list[str]) -> dict[str, Any]:
     fsdp = cfg.get("fsdp")
     fsdp_cfg = cfg.get("fsdp_config") or {}
     offload = (isinstance(fsdp, str) and "offload" in fsdp) or bool(
         isinstance(fsdp_cfg, Mapping) and (fsdp_cfg.get("cpu_offload") or fsdp_cfg.get("offload_params"))
     )
-    if cfg.get("deepspeed") or not fsdp:
-        notes.append(
-            "planned with FSDP full sharding (the planner's TRL model); DeepSpeed ZeRO-2 or DDP replicate "
-            "parameters and need more memory than this plan shows"
-        )
-    knobs: dict[str, Any] = {
+    return {
         "micro_batch_size_per_gpu": micro,
         "max_token_len_per_gpu": None,
         "log_prob_micro_batch_size_per_gpu": micro,  # TRL scores log-probs in per-device batches
-        "gradient_checkpointing": bool(get("gradient_checkpointing")),
+        "gradient_checkpointing": _flag(get("gradient_checkpointing"), "gradient_checkpointing"),
         "param_offload": offload,
         "optimizer_offload": offload,
         "ref_param_offload": False,
@@ -157,66 +300,81 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
         "fused_logprob": False,
         "enforce_eager": False,
     }
-    if not use_vllm:
-        knobs.update(rollout_backend="hf", rollout_tp=1, placement="colocated")
-        if _zero3(cfg.get("deepspeed")) and bool(get("ds3_gather_for_generation")):
-            knobs["hf_generation_weights"] = "model"  # GatheredParameters around generate (TRL's default)
-    elif mode == "colocate":
-        knobs.update(
-            rollout_backend="vllm",
-            placement="colocated",
-            rollout_tp=_int(get("vllm_tensor_parallel_size"), "vllm_tensor_parallel_size"),
-            gpu_memory_utilization=float(get("vllm_gpu_memory_utilization")),
+
+
+def _server_knobs(cfg: Mapping[str, Any], total_gpus: int, processes: int, num_nodes: int) -> dict[str, Any]:
+    rollout_gpus = total_gpus - processes
+    if rollout_gpus < 1:
+        raise InputError(
+            f"vLLM server mode needs GPUs besides the {processes} training processes; --gpus has {total_gpus}.",
+            "Set num_processes below the GPU count, or use vllm_mode: colocate.",
         )
-    else:
-        if rollout_gpus < 1:
-            raise InputError(
-                f"vLLM server mode needs GPUs besides the {processes} training processes; --gpus has {total_gpus}.",
-                "Set num_processes below the GPU count, or use vllm_mode: colocate.",
-            )
-        if rollout_gpus % num_nodes:
-            raise InputError(
-                f"{rollout_gpus} vLLM GPUs do not divide evenly over {num_nodes} nodes.",
-                "Set num_processes (--override num_processes=N) so the vLLM GPUs split evenly across nodes.",
-            )
-        util = cfg.get("vllm_gpu_memory_utilization")
-        knobs.update(
-            rollout_backend="vllm",
-            placement="split",
-            split_rollout_gpus_per_node=rollout_gpus // num_nodes,
-            rollout_tp=1,
-            gpu_memory_utilization=float(util if util is not None else 0.9),  # trl vllm-serve default
+    if rollout_gpus % num_nodes:
+        raise InputError(
+            f"{rollout_gpus} vLLM GPUs do not divide evenly over {num_nodes} nodes.",
+            "Set num_processes (--override num_processes=N) so the vLLM GPUs split evenly across nodes.",
         )
-        notes.append(f"vLLM server on {rollout_gpus} GPU(s), {processes} training processes")
-    workload = {
-        "prompts_per_step": micro * processes * steps_per_generation // n,
-        "mini_batch_prompts": completions_per_step // n,
-        "n": n,
-        "prompt_len_tokens": _int(get("max_prompt_length"), "max_prompt_length"),
-        "response_len_tokens": _int(get("max_completion_length"), "max_completion_length"),
-        "use_kl_loss": float(get("beta") or 0.0) > 0.0,
-        "ppo_epochs": _int(get("num_iterations"), "num_iterations"),
-        "entropy_coeff": 0.0,
+    util = cfg.get("vllm_gpu_memory_utilization")
+    return {
+        "rollout_backend": "vllm",
+        "placement": "split",
+        "split_rollout_gpus_per_node": rollout_gpus // num_nodes,
+        "rollout_tp": 1,
+        # trl vllm-serve's default when the config does not say
+        "gpu_memory_utilization": 0.9 if util is None else _number(util, "vllm_gpu_memory_utilization", 0, 1),
     }
-    return TrlLaunch(model=str(model), workload=workload, knobs=knobs, notes=tuple(notes))
 
 
-def read_trl(text: str, total_gpus: int, overrides: list[str] | None = None, num_nodes: int = 1) -> TrlLaunch:
-    """Parse YAML text (PyYAML, imported here), apply `key=value` overrides (values read as YAML, e.g.
-    `num_processes=8` for a config run on another launcher layout), and map it."""
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of mappings and lists, counted up to `limit` + 1 (aliases are shared, so no blow-up)."""
+    seen: set[int] = set()
+    stack = [(value, 1)]
+    deepest = 0
+    while stack:
+        node, level = stack.pop()
+        if not isinstance(node, (dict, list)) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        deepest = max(deepest, level)
+        if deepest > limit:
+            return deepest
+        stack += [(child, level + 1) for child in (node.values() if isinstance(node, dict) else node)]
+    return deepest
+
+
+def _load_yaml(text: str, what: str) -> Any:
     import yaml
 
     try:
-        cfg = yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InputError(f"The TRL config is not valid YAML ({exc}).", "Pass a GRPOConfig YAML file.") from None
-    cfg = dict(cfg or {}) if isinstance(cfg, dict) or cfg is None else cfg
+        raise InputError(f"The {what} is not valid YAML ({str(exc)[:300]}).", "Pass a GRPOConfig YAML file.") from None
+    except RecursionError:
+        raise InputError(f"The {what} nests deeper than any config (YAML recursion limit).", "Fix the file.") from None
+    if _depth(value, MAX_YAML_DEPTH) > MAX_YAML_DEPTH:
+        raise InputError(f"The {what} nests more than {MAX_YAML_DEPTH} levels deep.", "Fix the file.")
+    return value
+
+
+def read_trl(
+    text: str, total_gpus: int, overrides: list[str] | None = None, num_nodes: int = 1, *, adapters_modelled=False
+) -> TrlLaunch:
+    """Parse YAML text (PyYAML, imported here), apply `key=value` overrides (values read as YAML, e.g.
+    `num_processes=8` for a config run on another launcher layout), and map it."""
+    cfg = _load_yaml(text, "TRL config")
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, dict):
+        raise InputError(
+            f"The TRL config is a YAML {type(cfg).__name__}, not a mapping of settings.", "Pass a GRPOConfig YAML file."
+        )
+    cfg = dict(cfg)
     for word in overrides or []:
         key, sep, value = word.partition("=")
         if not sep or not key.strip():
-            raise InputError(f"--override '{word}' is not key=value.", "Write e.g. --override num_processes=8.")
+            raise InputError(f"--override '{word[:80]}' is not key=value.", "Write e.g. --override num_processes=8.")
         try:
-            cfg[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError:
+            cfg[key.strip()] = _load_yaml(value, f"--override {key.strip()[:40]} value")
+        except InputError:
             cfg[key.strip()] = value
-    return trl_launch(cfg, total_gpus, num_nodes)
+    return trl_launch(cfg, total_gpus, num_nodes, adapters_modelled=adapters_modelled)

@@ -1,35 +1,44 @@
 """Read a verl launch script (or a list of Hydra overrides) into the planner's inputs (`--from-verl`).
 
 The reverse of `export.verl_overrides`: `grpo-plan --from-verl run.sh` evaluates exactly the
-configuration a verl user already has. The script is read as published (`shell_words.py` expands its
-variables); the words after `verl.trainer.main_ppo` (or any `*main_ppo` / `*main_dapo` entry point) that look like Hydra
-overrides (`key=value`, `+key=value`, `++key=value`) are collected, later ones winning as in Hydra, then
+configuration a verl user already has. The script is read as bash would run it with the arguments it is
+given (`--script-args`, its `$1 $2 ...`; `shell_words.py` expands, nothing is run); the words after
+`verl.trainer.main_ppo` (or any `*main_ppo` / `*main_dapo` entry point) that are Hydra overrides
+(`key=value`, `+key=value`, `++key=value`, `~key`) are collected, later ones winning as in Hydra, then
 extra overrides (`--override`, like the script's `$@`) on top. A file without such a command is read
 as a plain list of overrides.
 
-Keys not given take verl's defaults (reference/verl-config.md, verl 0.9.x); defaults that changed
-between verl versions (rollout.enforce_eager, model.enable_gradient_checkpointing, ...) are the current
-ones, and an older run's values are passed as overrides. Keys that do not change memory or time
+Keys not given take the defaults of the verl the launch was written for (`verl_versions.py`: its keys
+date it, or `VERL_VERSION=<release or date>` pins it); where that cannot be told, today's defaults
+(reference/verl-config.md) with a note naming the older default and the override that restores it.
+Batch semantics follow verl's workers (`verl_batches.py`). Keys that do not change memory or time
 (paths, logging, learning rate, clip ratios, ...) are read and ignored; settings the planner does not
-model (Megatron, LoRA, a critic) are errors that say so.
+model (Megatron, LoRA, a critic) are errors that say so. `actor_rollout_ref.model.override_config.*`
+is returned (`hf_overrides`) for the caller to apply to the model's config.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from pydantic import Field
 
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.adapters import AdapterSettings, refuse, show, verl_adapter
 from grpo_pilot.planner.shell_words import read_script
+from grpo_pilot.planner.verl_batches import BatchSettings, micro_batches
+from grpo_pilot.planner.verl_versions import CHANGES, VerlWindow, window
 
 ARR = "actor_rollout_ref."
 # verl's PPO entry point and the recipes built on it that take the same Hydra keys (recipe/dapo main_dapo)
 LAUNCH_ENTRY_POINTS = ("main_ppo", "main_dapo")
 # Hydra override grammar: key=value, +key=value (add), ++key=value (force), ~key or ~key=value (delete)
 _OVERRIDE = re.compile(r"^(\+{0,2}|~)([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+)(?:=(.*))?$", re.S)
+MODEL_CONFIG_PREFIX = ARR + "model.override_config."
+VERSION_WORD = "VERL_VERSION"  # an --override word that pins the verl release (verl_versions.parse_pin)
 
 
 def _override(word: str) -> tuple[str, str, str | None] | None:
@@ -52,7 +61,7 @@ CRITIC_FREE = (
     "gpg",
 )
 
-# verl's defaults for the keys the planner reads (reference/verl-config.md).
+# verl's defaults today for the keys the planner reads (reference/verl-config.md); older ones: verl_versions.
 DEFAULTS: dict[str, Any] = {
     "algorithm.adv_estimator": "gae",
     "algorithm.use_kl_in_reward": False,
@@ -100,33 +109,46 @@ class VerlLaunch(Frozen):
     remove_padding: bool = Field(
         default=True, description="model.use_remove_padding: False pads every row to the maxima (lengths ignored)."
     )
+    hf_overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="actor_rollout_ref.model.override_config (nested): HF config keys verl sets on the model.",
+    )
+    adapter: AdapterSettings | None = Field(default=None, description="model.lora_rank > 0: the LoRA settings.")
     notes: tuple[str, ...] = Field(default=(), description="Assumptions and ignored settings, for the user.")
 
 
+class LaunchWords(NamedTuple):
+    """The Hydra overrides of a launch, with what else the reading found."""
+
+    overrides: dict[str, str]
+    added: tuple[str, ...]  # keys given with a single `+` (absent from that verl's config)
+    env: dict[str, str]  # the script's variables and the launch command's environment
+    notes: list[str]
+
+
 def parse_value(text: str) -> Any:
-    """A Hydra override value: booleans, null, integers, floats, else the string."""
+    """A Hydra override value: booleans, null, integers, floats (`inf`/`nan` too: checked per key), strings."""
     raw = text.strip()
     low = raw.lower()
     if low in ("true", "false"):
         return low == "true"
     if low in ("null", "none", "~", ""):
         return None
-    try:
+    if re.fullmatch(r"[+-]?[0-9]{1,18}", raw):
         return int(raw)
-    except ValueError:
-        pass
     try:
         return float(raw)
     except ValueError:
         return raw
 
 
-def overrides_from_text(text: str, environment: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict, list]:
-    """(overrides, the script's variables and command environment, notes) of a launch script or override list."""
-    script = read_script(text, {"HOME": "$HOME", **(environment or {})})
-    notes: list[str] = []
+def launch_words(
+    text: str, environment: Mapping[str, str] | None = None, script_args: Sequence[str] = ()
+) -> LaunchWords:
+    """The overrides of a launch script (run with `script_args`) or of a plain list of overrides."""
+    script = read_script(text, {"HOME": "$HOME", **(environment or {})}, script_args)
+    notes: list[str] = list(script.notes)
     env = dict(script.variables)
-    words: list[str] = []
     launch = next((c for c in script.commands if any(w.endswith(LAUNCH_ENTRY_POINTS) for w in c.words)), None)
     if launch is not None:
         env.update(launch.env)
@@ -135,9 +157,8 @@ def overrides_from_text(text: str, environment: Mapping[str, str] | None = None)
     else:
         words = [w for c in script.commands for w in c.words]
     overrides: dict[str, str] = {}
+    added: set[str] = set()
     for word in words:
-        if not word:
-            continue
         if word.startswith("--config-name"):
             name = word.split("=", 1)[1] if "=" in word else ""
             if "megatron" in name:
@@ -148,23 +169,21 @@ def overrides_from_text(text: str, environment: Mapping[str, str] | None = None)
             continue
         parsed = _override(word)
         if parsed:
-            prefix, key, value = parsed
-            if prefix == "~":
-                overrides.pop(key, None)
-            else:
-                overrides[key] = value or ""
-        elif launch is not None and not word.startswith("--config-path"):
-            notes.append(f"ignored argument '{word}'")
+            _apply(overrides, added, parsed)
+        elif word and launch is not None and not word.startswith("--config-path"):
+            notes.append(f"ignored argument '{word[:80]}'")
     if not overrides:
+        why = f" The script exits on line {script.exit_line} before its launch." if script.exit_line else ""
         raise InputError(
-            "No verl overrides (key=value after verl.trainer.main_ppo) were found.",
-            "Pass a verl launch script as published, or a file of Hydra overrides, one key=value per word or line.",
+            "No verl overrides (key=value after verl.trainer.main_ppo) were found." + why,
+            "Pass a verl launch script as published (with --script-args for the arguments it takes), or a file "
+            "of Hydra overrides, one key=value per word or line.",
         )
     if script.unset:
-        notes.append("unset variables expanded to nothing: " + ", ".join(script.unset))
+        notes.append("unset variables expanded to nothing: " + ", ".join(script.unset[:20]))
     if script.substitutions:
-        notes.append("command substitutions not run: " + ", ".join(script.substitutions))
-    return overrides, env, notes
+        notes.append("command substitutions not run: " + ", ".join(script.substitutions[:10]))
+    return LaunchWords(overrides, tuple(sorted(added)), env, notes)
 
 
 def _fsdp_size(value: Any) -> int | None:
@@ -173,138 +192,167 @@ def _fsdp_size(value: Any) -> int | None:
     return None if size <= 0 else size
 
 
-def _positive_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{key}={value!r} is not a positive integer.", "Fix the override or the script variable.")
-    return value
+def _apply(overrides: dict[str, str], added: set[str], parsed: tuple[str, str, str | None]) -> None:
+    """One override word (prefix, key, value) onto the overrides; `added` tracks keys given with a single +."""
+    prefix, key, value = parsed
+    if prefix == "~":
+        overrides.pop(key, None)
+        added.discard(key)
+        return
+    overrides[key] = value or ""
+    if prefix == "+":
+        added.add(key)
+    else:
+        added.discard(key)
 
 
-def verl_launch(overrides: Mapping[str, str], env: Mapping[str, str] | None = None) -> VerlLaunch:
-    """Map verl keys (defaults for the rest) to planner inputs; see the module docstring."""
+def overrides_from_text(text: str, environment: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict, list]:
+    """(overrides, the script's variables and command environment, notes) of a launch script or override list."""
+    words = launch_words(text, environment)
+    return words.overrides, words.env, words.notes
+
+
+class _Values:
+    """Typed access to the launch's values; a bad value is an error naming its key."""
+
+    def __init__(self, raw: dict[str, Any], defaults: dict[str, Any]) -> None:
+        self.raw, self.defaults = raw, defaults
+
+    def get(self, key: str) -> Any:
+        value = self.raw.get(key)
+        for _ in range(8):  # `${other.key}`: a Hydra interpolation of another key
+            match = re.fullmatch(r"\$\{([A-Za-z0-9_.]+)\}", value) if isinstance(value, str) else None
+            if not match:
+                break
+            value = self.raw.get(match.group(1), self.defaults.get(match.group(1)))
+        return self.defaults.get(key) if value is None else value
+
+    def integer(self, key: str, value: Any = None) -> int:
+        value = self.get(key) if value is None else value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{key}={show(value)} is not a positive integer.", "Fix the override or the script.")
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.get(key)
+        if not isinstance(value, bool):
+            raise InputError(f"{key}={show(value)} is not True or False.", "Fix the override or the script.")
+        return value
+
+    def number(self, key: str, *, low: float, high: float, low_open: bool = False) -> float:
+        value = self.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value > high or value < low or (low_open and value == low):
+            bound = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+            raise InputError(
+                f"{key}={show(value)} is not a finite number in {bound}.", "Fix the override or the script."
+            )
+        return float(value)
+
+
+def _era_defaults(overrides: Mapping[str, str], win: VerlWindow, notes: list[str]) -> dict[str, Any]:
+    """Today's defaults, with those that changed replaced by the launch's verl's (or a note where unknown)."""
+    defaults = dict(DEFAULTS)
+    for change in CHANGES:
+        if change.key is None or change.key in overrides:
+            continue
+        side = win.side(change)
+        if side == "before":
+            defaults[change.key] = change.before
+            notes.append(
+                f"{change.key.removeprefix(ARR)} = {change.before}: that verl's default ({change.source} changed it)"
+            )
+        elif side is None and (win.after is None or win.after < change.at):
+            notes.append(
+                f"{change.key.removeprefix(ARR)} planned at today's default {change.after}; verl before "
+                f"{change.at[:10]} ({change.source}): {change.what} — if the launch's verl is older, pass "
+                f"--override {change.key}={change.before} (or --override {VERSION_WORD}=<release or date>)"
+            )
+    return defaults
+
+
+def _model_config(overrides: Mapping[str, str]) -> dict[str, Any]:
+    """`actor_rollout_ref.model.override_config.a.b=v` words → {"a": {"b": v}} (values typed)."""
+    config: dict[str, Any] = {}
+    for key, text in overrides.items():
+        if not key.startswith(MODEL_CONFIG_PREFIX):
+            continue
+        *parents, leaf = key[len(MODEL_CONFIG_PREFIX) :].split(".")
+        node = config
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise InputError(f"{key}: '{part}' is set both as a value and as a section.", "Fix the overrides.")
+            node = child
+        node[leaf] = _hydra_value(text)
+    return config
+
+
+def _hydra_value(text: str) -> Any:
+    """A value, or Hydra's `{k: v, ...}` / `[a, b]` literals (one level deep is what override_config takes)."""
+    raw = text.strip()
+    if len(raw) > 2 and raw[0] + raw[-1] in ("{}", "[]"):
+        parts = [p.strip() for p in raw[1:-1].split(",") if p.strip()]
+        if raw[0] == "[":
+            return [parse_value(p.strip("'\"")) for p in parts]
+        pairs = [p.split(":", 1) for p in parts]
+        if all(len(p) == 2 for p in pairs):
+            return {k.strip().strip("'\""): parse_value(v.strip().strip("'\"")) for k, v in pairs}
+    return parse_value(raw)
+
+
+def verl_launch(
+    overrides: Mapping[str, str],
+    env: Mapping[str, str] | None = None,
+    *,
+    added: Sequence[str] = (),
+    version: str | None = None,
+    model_fallback: str | None = None,
+    adapters_modelled: bool = False,
+) -> VerlLaunch:
+    """Map verl keys (the launch's verl's defaults for the rest) to planner inputs; see the module docstring.
+
+    `added`: keys given with `+`; `version`: a VERL_VERSION pin; `model_fallback`: the model to plan when the
+    launch leaves model.path empty (`--model`). A LoRA launch is refused unless `adapters_modelled`."""
     env = dict(env or {})
     notes: list[str] = []
-    raw = {k: parse_value(v) for k, v in overrides.items()}
-
-    def get(key: str) -> Any:
-        value = raw.get(key, DEFAULTS.get(key))
-        return DEFAULTS.get(key) if value is None and key in DEFAULTS else value
-
-    estimator = str(get("algorithm.adv_estimator"))
-    if estimator not in CRITIC_FREE:
-        raise InputError(
-            f"algorithm.adv_estimator={estimator} trains a critic (PPO), which grpo-plan does not model.",
-            "Plan a critic-free estimator (grpo, rloo, reinforce_plus_plus, ...); verl's default is gae.",
-        )
-    if str(get(ARR + "actor.strategy")) == "megatron":
-        raise InputError("actor.strategy=megatron is not modelled.", "grpo-plan models verl's FSDP/FSDP2 trainer.")
-    lora = get(ARR + "model.lora_rank") or 0
-    if lora:
-        raise InputError(
-            f"model.lora_rank={lora}: LoRA training is not modelled (grpo-plan plans full fine-tuning).",
-            "Plan the full fine-tune, or drop the LoRA settings.",
-        )
-    model = raw.get(ARR + "model.path")
+    win = window([k for k in overrides if k not in added], added, version)
+    defaults = _era_defaults(overrides, win, notes)
+    v = _Values({k: parse_value(t) for k, t in overrides.items()}, defaults)
+    _refuse_unmodelled(v)
+    adapter = _adapter(v)
+    if adapter is not None and not adapters_modelled:
+        refuse(adapter)
+    model = v.raw.get(ARR + "model.path")
     if not model:
-        raise InputError("actor_rollout_ref.model.path is not set.", "Add the override, or pass --model.")
-
-    nnodes = _positive_int(get("trainer.nnodes"), "trainer.nnodes")
-    per_node = _positive_int(get("trainer.n_gpus_per_node"), "trainer.n_gpus_per_node")
-    world = nnodes * per_node
-    sp = _positive_int(get(ARR + "actor.ulysses_sequence_parallel_size"), "ulysses_sequence_parallel_size")
-    dp = max(1, world // sp)
-
-    def per_gpu(per_gpu_key: str, global_key: str) -> int | None:
-        """verl normalises a deprecated global micro-batch by the data-parallel size (fsdp_workers)."""
-        if raw.get(per_gpu_key) is not None:
-            return _positive_int(raw[per_gpu_key], per_gpu_key)
-        if raw.get(global_key) is not None:
-            notes.append(
-                f"{global_key} (global, deprecated) = {raw[global_key]}: {max(1, raw[global_key] // dp)} per GPU"
-            )
-            return max(1, _positive_int(raw[global_key], global_key) // dp)
-        return None
-
-    dynamic = bool(get(ARR + "actor.use_dynamic_bsz"))
-    budget = _positive_int(get(ARR + "actor.ppo_max_token_len_per_gpu"), "ppo_max_token_len_per_gpu")
-    micro = per_gpu(ARR + "actor.ppo_micro_batch_size_per_gpu", ARR + "actor.ppo_micro_batch_size")
-    if not dynamic and micro is None:
-        raise InputError(
-            "Neither actor.ppo_micro_batch_size_per_gpu nor use_dynamic_bsz is set (verl refuses to start).",
-            "Set one of them.",
-        )
-
-    # log-prob passes: the old-policy pass (rollout.*) and the reference pass (ref.*) share one knob here:
-    # the larger micro-batch / budget of the two is kept (it sets the memory peak).
-    lp_dynamic_keys = (ARR + "rollout.log_prob_use_dynamic_bsz", ARR + "ref.log_prob_use_dynamic_bsz")
-    lp_dynamic = [bool(raw[k]) if raw.get(k) is not None else dynamic for k in lp_dynamic_keys]
-    lp_budgets = [raw.get(p + "log_prob_max_token_len_per_gpu") or budget for p in (ARR + "rollout.", ARR + "ref.")]
-    lp_micros = [
-        per_gpu(p + "log_prob_micro_batch_size_per_gpu", p + "log_prob_micro_batch_size")
-        for p in (ARR + "rollout.", ARR + "ref.")
-    ]
-    if any(lp_dynamic):
-        lp_budget, lp_micro = max(b for b, d in zip(lp_budgets, lp_dynamic) if d), None
-    else:
-        given = [m for m in lp_micros if m is not None]
-        if not given:
+        if not model_fallback:
             raise InputError(
-                "log_prob_micro_batch_size_per_gpu is not set for rollout/ref and dynamic batching is off "
-                "(verl refuses to start).",
-                "Set actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (and ref's).",
+                "actor_rollout_ref.model.path is not set (an unset variable in the script?).",
+                "Add the override (or set the variable, e.g. --override BASE_MODEL=Qwen/Qwen2.5-3B), or pass --model.",
             )
-        lp_budget, lp_micro = budget, max(given)
-        if len(set(given)) > 1:
-            notes.append(f"rollout and ref log-prob micro-batches differ ({given}); the larger is planned")
-
-    backend = str(get(ARR + "rollout.name"))
-    if backend not in ("vllm", "hf"):
-        notes.append(f"rollout.name={backend} is modelled as vLLM (same colocated budget semantics assumed)")
-        backend = "vllm"
-    if get(ARR + "hybrid_engine") is False:
-        notes.append("hybrid_engine=False is not modelled: planned as colocated")
-    engine = "v1"
-    if str(env.get("VLLM_USE_V1", "")) == "0" or str(env.get("VLLM_ATTENTION_BACKEND", "")).upper() == "XFORMERS":
-        engine = "v0"
-        notes.append("vLLM V0 engine (VLLM_USE_V1=0 or VLLM_ATTENTION_BACKEND=XFORMERS, which V1 does not support)")
-
-    knobs = {
-        "rollout_tp": _positive_int(get(ARR + "rollout.tensor_model_parallel_size"), "tensor_model_parallel_size"),
-        "gpu_memory_utilization": float(get(ARR + "rollout.gpu_memory_utilization")),
-        "micro_batch_size_per_gpu": micro,
-        "max_token_len_per_gpu": budget if dynamic else None,
-        "log_prob_max_token_len_per_gpu": int(lp_budget),
-        "log_prob_micro_batch_size_per_gpu": lp_micro,
-        "param_offload": bool(get(ARR + "actor.fsdp_config.param_offload")),
-        "optimizer_offload": bool(get(ARR + "actor.fsdp_config.optimizer_offload")),
-        "ref_param_offload": bool(get(ARR + "ref.fsdp_config.param_offload")),
-        "gradient_checkpointing": bool(get(ARR + "model.enable_gradient_checkpointing")),
-        "ulysses_sp": sp,
-        "fsdp_size": _fsdp_size(get(ARR + "actor.fsdp_config.fsdp_size")),
-        "fused_logprob": bool(get(ARR + "model.use_fused_kernels")),
-        "enforce_eager": bool(get(ARR + "rollout.enforce_eager")),
-        "max_num_seqs": _positive_int(get(ARR + "rollout.max_num_seqs"), "max_num_seqs"),
-        "max_num_batched_tokens": _positive_int(get(ARR + "rollout.max_num_batched_tokens"), "max_num_batched_tokens"),
-        "rollout_backend": backend,
-        "vllm_engine": engine,
-        "placement": "colocated",
-        "split_rollout_gpus_per_node": 0,
-    }
+        model = model_fallback
+        notes.append(f"actor_rollout_ref.model.path is not set in the launch: --model {model_fallback} is planned")
+    nnodes, per_node = v.integer("trainer.nnodes"), v.integer("trainer.n_gpus_per_node")
+    batches = micro_batches(_batch_settings(v, nnodes * per_node), win, notes)
+    knobs = _knobs(v, env, batches, notes)
     workload = {
-        "prompts_per_step": _positive_int(get("data.train_batch_size"), "data.train_batch_size"),
-        "mini_batch_prompts": _positive_int(get(ARR + "actor.ppo_mini_batch_size"), "ppo_mini_batch_size"),
-        "n": _positive_int(get(ARR + "rollout.n"), "rollout.n"),
-        "prompt_len_tokens": _positive_int(get("data.max_prompt_length"), "data.max_prompt_length"),
-        "response_len_tokens": _positive_int(get("data.max_response_length"), "data.max_response_length"),
+        "prompts_per_step": batches.prompts_per_step,
+        "mini_batch_prompts": batches.mini_batch_prompts,
+        "n": batches.n,
+        "prompt_len_tokens": v.integer("data.max_prompt_length"),
+        "response_len_tokens": v.integer("data.max_response_length"),
         # the reference model exists for the KL loss and for KL in the reward
-        "use_kl_loss": bool(get(ARR + "actor.use_kl_loss")) or bool(get("algorithm.use_kl_in_reward")),
-        "ppo_epochs": _positive_int(get(ARR + "actor.ppo_epochs"), "ppo_epochs"),
-        "entropy_coeff": float(get(ARR + "actor.entropy_coeff") or 0.0),
+        "use_kl_loss": v.flag(ARR + "actor.use_kl_loss") or v.flag("algorithm.use_kl_in_reward"),
+        "ppo_epochs": v.integer(ARR + "actor.ppo_epochs"),
+        "entropy_coeff": _entropy(v, win, notes),
     }
-    remove_padding = bool(get(ARR + "model.use_remove_padding"))
+    remove_padding = v.flag(ARR + "model.use_remove_padding")
     if not remove_padding:
         notes.append(
             "use_remove_padding=False: verl pads every row to max prompt + max response (planned at the maxima)"
         )
+    if win.reasons:
+        notes.insert(0, "read as " + win.describe())
     return VerlLaunch(
         model=str(model),
         num_nodes=nnodes,
@@ -313,32 +361,131 @@ def verl_launch(overrides: Mapping[str, str], env: Mapping[str, str] | None = No
         knobs=knobs,
         overrides=dict(overrides),
         remove_padding=remove_padding,
+        hf_overrides=_model_config(overrides),
+        adapter=adapter,
         notes=tuple(notes),
     )
+
+
+def _refuse_unmodelled(v: _Values) -> None:
+    estimator = str(v.get("algorithm.adv_estimator"))
+    if estimator not in CRITIC_FREE:
+        raise InputError(
+            f"algorithm.adv_estimator={estimator[:40]} trains a critic (PPO), which grpo-plan does not model.",
+            "Plan a critic-free estimator (grpo, rloo, reinforce_plus_plus, ...); verl's default is gae.",
+        )
+    if str(v.get(ARR + "actor.strategy")) == "megatron":
+        raise InputError("actor.strategy=megatron is not modelled.", "grpo-plan models verl's FSDP/FSDP2 trainer.")
+
+
+def _adapter(v: _Values) -> AdapterSettings | None:
+    rank = v.get(ARR + "model.lora_rank") or 0
+    if rank == 0:
+        return None
+    rank = v.integer(ARR + "model.lora_rank")
+    return verl_adapter(rank, v.raw.get(ARR + "model.lora_alpha"), v.raw.get(ARR + "model.target_modules"))
+
+
+def _entropy(v: _Values, win: VerlWindow, notes: list[str]) -> float:
+    key = ARR + "actor.entropy_coeff"
+    coeff = v.number(key, low=0.0, high=1e6) if v.get(key) is not None else 0.0
+    entropy_change = next(c for c in CHANGES if c.name == "entropy")
+    if coeff == 0.0 and win.side(entropy_change) == "before":
+        notes.append(
+            "entropy_coeff=0, but this verl computes the entropy in every update anyway "
+            f"(before {entropy_change.source}): not planned (the planner adds it only for a coefficient > 0)"
+        )
+    return coeff
+
+
+def _batch_settings(v: _Values, world: int) -> BatchSettings:
+    """The batch keys as written, typed (verl_batches.py applies the version's semantics)."""
+
+    def optional(key: str) -> int | None:
+        return None if v.raw.get(key) is None else v.integer(key, v.raw[key])
+
+    lp = {p: ARR + p + "." for p in ("rollout", "ref")}
+    return BatchSettings(
+        world=world,
+        sp=v.integer(ARR + "actor.ulysses_sequence_parallel_size"),
+        prompts_per_step=v.integer("data.train_batch_size"),
+        mini_batch_prompts=v.integer(ARR + "actor.ppo_mini_batch_size"),
+        n=v.integer(ARR + "rollout.n"),
+        dynamic=v.flag(ARR + "actor.use_dynamic_bsz"),
+        budget=v.integer(ARR + "actor.ppo_max_token_len_per_gpu"),
+        micro_per_gpu=optional(ARR + "actor.ppo_micro_batch_size_per_gpu"),
+        micro_global=optional(ARR + "actor.ppo_micro_batch_size"),
+        lp_dynamic=tuple(
+            v.flag(p + "log_prob_use_dynamic_bsz") if v.raw.get(p + "log_prob_use_dynamic_bsz") is not None else None
+            for p in lp.values()
+        ),
+        lp_budget=tuple(optional(p + "log_prob_max_token_len_per_gpu") for p in lp.values()),
+        lp_micro_per_gpu=tuple(optional(p + "log_prob_micro_batch_size_per_gpu") for p in lp.values()),
+        lp_micro_global=tuple(optional(p + "log_prob_micro_batch_size") for p in lp.values()),
+    )
+
+
+def _knobs(v: _Values, env: Mapping[str, str], batches: Any, notes: list[str]) -> dict[str, Any]:
+    backend = str(v.get(ARR + "rollout.name"))
+    if backend not in ("vllm", "hf"):
+        notes.append(f"rollout.name={backend[:40]} is modelled as vLLM (same colocated budget semantics assumed)")
+        backend = "vllm"
+    if v.get(ARR + "hybrid_engine") is False:
+        notes.append("hybrid_engine=False is not modelled: planned as colocated")
+    engine = "v1"
+    if str(env.get("VLLM_USE_V1", "")) == "0" or str(env.get("VLLM_ATTENTION_BACKEND", "")).upper() == "XFORMERS":
+        engine = "v0"
+        notes.append("vLLM V0 engine (VLLM_USE_V1=0 or VLLM_ATTENTION_BACKEND=XFORMERS, which V1 does not support)")
+    return {
+        "rollout_tp": v.integer(ARR + "rollout.tensor_model_parallel_size"),
+        "gpu_memory_utilization": v.number(ARR + "rollout.gpu_memory_utilization", low=0.0, high=1.0, low_open=True),
+        "micro_batch_size_per_gpu": batches.micro,
+        "max_token_len_per_gpu": batches.budget if batches.dynamic else None,
+        "log_prob_max_token_len_per_gpu": batches.lp_budget,
+        "log_prob_micro_batch_size_per_gpu": batches.lp_micro,
+        "param_offload": v.flag(ARR + "actor.fsdp_config.param_offload"),
+        "optimizer_offload": v.flag(ARR + "actor.fsdp_config.optimizer_offload"),
+        "ref_param_offload": v.flag(ARR + "ref.fsdp_config.param_offload"),
+        "gradient_checkpointing": v.flag(ARR + "model.enable_gradient_checkpointing"),
+        "ulysses_sp": batches.sp,
+        "fsdp_size": _fsdp_size(v.get(ARR + "actor.fsdp_config.fsdp_size")),
+        "fused_logprob": v.flag(ARR + "model.use_fused_kernels"),
+        "enforce_eager": v.flag(ARR + "rollout.enforce_eager"),
+        "max_num_seqs": v.integer(ARR + "rollout.max_num_seqs"),
+        "max_num_batched_tokens": v.integer(ARR + "rollout.max_num_batched_tokens"),
+        "rollout_backend": backend,
+        "vllm_engine": engine,
+        "placement": "colocated",
+        "split_rollout_gpus_per_node": 0,
+    }
 
 
 _ENV_WORD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 
 
-def read_verl(text: str, extra_overrides: list[str] | None = None) -> VerlLaunch:
-    """`overrides_from_text` + `--override` words on top + `verl_launch`.
+def read_verl(
+    text: str,
+    extra_overrides: list[str] | None = None,
+    *,
+    script_args: Sequence[str] = (),
+    model_fallback: str | None = None,
+) -> VerlLaunch:
+    """`launch_words` (the script run with `script_args`) + `--override` words on top + `verl_launch`.
 
     An extra word without a dot, `NAME=value`, is an environment variable set before the script runs
     (e.g. `VLLM_USE_V1=0` for a run on vLLM < 0.8, whose only engine is V0); the script's own
-    assignments and exports still win, as in bash."""
+    assignments and exports still win, as in bash. `VERL_VERSION=<release or date>` pins the verl."""
     words = [w.strip() for w in extra_overrides or []]
     environment = {m.group(1): m.group(2) for m in map(_ENV_WORD.match, words) if m}
-    overrides, env, notes = overrides_from_text(text, environment)
+    version = environment.pop(VERSION_WORD, None)
+    read = launch_words(text, environment, script_args)
+    overrides, added = dict(read.overrides), set(read.added)
     for word in words:
         if _ENV_WORD.match(word):
             continue
         parsed = _override(word)
         if not parsed:
-            raise InputError(f"--override '{word}' is not key=value.", "Write e.g. --override trainer.nnodes=2.")
-        prefix, key, value = parsed
-        if prefix == "~":
-            overrides.pop(key, None)
-        else:
-            overrides[key] = value or ""
-    launch = verl_launch(overrides, env)
-    return launch.model_copy(update={"notes": tuple(notes) + launch.notes})
+            raise InputError(f"--override '{word[:80]}' is not key=value.", "Write e.g. --override trainer.nnodes=2.")
+        _apply(overrides, added, parsed)
+    launch = verl_launch(overrides, read.env, added=tuple(added), version=version, model_fallback=model_fallback)
+    return launch.model_copy(update={"notes": tuple(read.notes) + launch.notes})

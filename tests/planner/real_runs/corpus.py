@@ -16,8 +16,8 @@ Fields beyond cases.json's (cases_heldout.json, cases_families.json; absent mean
 - `lengths: null` — the source publishes no length statistics; the case passes none (never invented).
 - `launch.transcribed_from` / `why_transcribed` — the verbatim launch (a swift command line, notebook cells, a
   Hugging Face Jobs command) when `launch.file` is its key-by-key transcription into the YAML `--from-trl` reads.
-- `launch.script_args` — arguments the published command passes to the script itself; grpo-plan has no way to
-  pass them, so `overrides` carries the Hydra keys they set (`why_overrides` says so).
+- `launch.script_args` — arguments the published command passes to the script itself (`bash train.sh --x 1`):
+  passed as `--script-args`, so the script's own argument loop sets its variables.
 - `family` (cases_families.json) — the launch family the case exercises: ppo-critic, megatron, lora, sglang,
   trl-lora, trl-qlora (a list where a launch is two).
 - `outcome.phase_s` — published phase seconds: rollout (verl timing_s/gen), old_log_prob, ref, values,
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ def command(case: dict[str, Any]) -> list[str]:
     if launch.get("model"):  # a bundled alias, or a config stored beside the corpus (models/...)
         local = HERE / launch["model"]
         args += ["--model", str(local) if local.exists() else launch["model"]]
+    if launch.get("script_args"):
+        args += ["--script-args", " ".join(shlex.quote(a) for a in launch["script_args"])]
     for word in launch.get("overrides", []):
         args += ["--override", word]
     for pin in launch.get("pins", []):

@@ -1,0 +1,207 @@
+"""Which verl a launch was written for, and what that verl did differently (for `from_verl.py`).
+
+A launch does not name its verl, but its keys date it: verl composes its config with Hydra in struct
+mode, so a plain `key=value` runs only on a verl whose `ppo_trainer.yaml` has the key, and `+key=value`
+only on one that does not (Hydra refuses to add a key that exists). `KEY_EVIDENCE` lists keys whose
+addition or removal (volcengine/verl, commit and PR) bounds the verl: the launch's keys give a window of
+upstream commit times [after, before). `VERL_VERSION=<tag or date>` (an `--override` word) pins it.
+
+`CHANGES` lists what changed at one upstream commit and changes memory or time; each is applied from the
+window: the old behaviour when the whole window is before the change, today's when it is after, and
+today's with a note (naming the override that restores the old one) when the window straddles it.
+Times are committer times in UTC, `YYYY-MM-DDTHH:MM` (volcengine/verl history, read with `git log`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, NamedTuple
+
+from grpo_pilot.errors import InputError
+
+ARR = "actor_rollout_ref."
+
+
+class Change(NamedTuple):
+    name: str
+    at: str  # upstream committer time (UTC) of the change
+    source: str  # commit and PR
+    key: str | None  # the verl key whose default changed (None: a semantic of several keys)
+    before: Any
+    after: Any
+    what: str
+
+
+CHANGES: tuple[Change, ...] = (
+    Change(
+        "micro_batch_times_n",
+        "2025-01-27T03:26",
+        "verl f2a76acd9 (#136)",
+        None,
+        True,
+        False,
+        "the global micro-batches (actor.ppo_micro_batch_size, rollout/ref log_prob_micro_batch_size) were "
+        "divided by world/SP and multiplied by rollout.n (fsdp_workers.py@f2a76acd9^ lines 121-133; "
+        "Unakar/Logic-RL@fb31708 verl/workers/fsdp_workers.py lines 97-109); since, divided only",
+    ),
+    Change(
+        "gradient_checkpointing",
+        "2025-01-27T23:39",
+        "verl 9fca71d2c (#147)",
+        ARR + "model.enable_gradient_checkpointing",
+        False,
+        True,
+        "model.enable_gradient_checkpointing defaulted to False (ppo_trainer.yaml@v0.1 line 19)",
+    ),
+    Change(
+        "mini_batch_check",
+        "2025-03-14T11:15",
+        "verl 4d27461d0 (#559)",
+        None,
+        False,
+        True,
+        "a ppo_mini_batch_size above data.train_batch_size was legal: dp_actor.update_policy's "
+        "batch.split(ppo_mini_batch_size) gives one mini-batch (Unakar/Logic-RL@fb31708 "
+        "verl/workers/actor/dp_actor.py line 218); since, ray_trainer asserts train_batch_size >= "
+        "ppo_mini_batch_size",
+    ),
+    Change(
+        "entropy",
+        "2025-04-17T09:35",
+        "verl 25b0f2262 (#1100)",
+        ARR + "actor.entropy_coeff",
+        0.001,
+        0.0,
+        "actor.entropy_coeff defaulted to 0.001 (ppo_trainer.yaml@25b0f2262^; verl docs/algo/baseline.md note [2]) "
+        "and the update always computed the entropy (dp_actor.py@25b0f2262^)",
+    ),
+    Change(
+        "enforce_eager",
+        "2025-08-08T13:00",
+        "verl ff6978c14 (#2956)",
+        ARR + "rollout.enforce_eager",
+        True,
+        False,
+        "rollout.enforce_eager defaulted to True (rollout.yaml@ff6978c14^ line 35): no CUDA graphs",
+    ),
+    Change(
+        "remove_padding",
+        "2025-12-09T14:10",
+        "verl 561752996 (#4461)",
+        ARR + "model.use_remove_padding",
+        False,
+        True,
+        "model.use_remove_padding defaulted to False (ppo_trainer.yaml since 569210e06 (#91)): every row padded",
+    ),
+)
+
+
+class KeyEvidence(NamedTuple):
+    suffix: str  # the override key ends with this
+    added: tuple[str, str] | None  # (UTC time, source) of the commit that added it to ppo_trainer.yaml
+    removed: tuple[str, str] | None  # ... that removed it
+
+
+KEY_EVIDENCE: tuple[KeyEvidence, ...] = (
+    KeyEvidence("model.use_remove_padding", ("2025-01-11T08:50", "569210e06 (#91)"), None),
+    KeyEvidence("actor.ulysses_sequence_parallel_size", ("2025-01-18T04:21", "e8eb9e4ec (#109)"), None),
+    KeyEvidence("actor.use_dynamic_bsz", ("2025-01-21T08:08", "54051c85c (#118)"), None),
+    KeyEvidence("actor.ppo_max_token_len_per_gpu", ("2025-01-21T08:08", "54051c85c (#118)"), None),
+    KeyEvidence("actor.use_kl_loss", ("2025-01-23T12:25", "cd52d8b35 (#124)"), None),
+    KeyEvidence("actor.kl_loss_type", ("2025-01-23T12:25", "cd52d8b35 (#124)"), None),
+    KeyEvidence("actor.ppo_micro_batch_size_per_gpu", ("2025-01-27T03:26", "f2a76acd9 (#136)"), None),
+    KeyEvidence("log_prob_micro_batch_size_per_gpu", ("2025-01-27T03:26", "f2a76acd9 (#136)"), None),
+    KeyEvidence("rollout.enable_chunked_prefill", ("2025-01-27T13:44", "695bdbb03 (#141)"), None),
+    KeyEvidence("fsdp_config.grad_offload", None, ("2025-02-17T06:07", "9db52329f (#284)")),
+    KeyEvidence("rollout.val_kwargs.", ("2025-03-13T02:40", "d5de9f4ce (#553)"), None),
+    KeyEvidence("actor.use_torch_compile", ("2025-03-14T07:27", "545746904 (#554)"), None),
+    KeyEvidence("trainer.log_val_generations", ("2025-03-30T15:44", "7fbf60919 (#822)"), None),
+    KeyEvidence("trainer.val_before_train", ("2025-03-31T06:05", "64bddb68f"), None),
+    KeyEvidence("algorithm.use_kl_in_reward", ("2025-04-01T02:14", "072fc9fee (#644)"), None),
+    KeyEvidence("actor.clip_ratio_low", ("2025-04-03T21:46", "3a27a9864 (#623)"), None),
+    KeyEvidence("actor.loss_agg_mode", ("2025-04-03T21:46", "3a27a9864 (#623)"), None),
+    KeyEvidence("model.use_fused_kernels", ("2025-05-16T14:52", "eb077f66e (#1212)"), None),
+    KeyEvidence("model.lora_rank", ("2025-05-28T17:53", "16f6c1ee6 (#1127)"), None),
+    KeyEvidence("actor.entropy_checkpointing", ("2025-06-11T04:52", "0bd03d7c0 (#1927)"), None),
+    KeyEvidence("rollout.cudagraph_capture_sizes", ("2025-08-08T13:00", "ff6978c14 (#2956)"), None),
+)
+
+# release tags (volcengine/verl, committer time of the tagged commit, UTC)
+TAGS: dict[str, str] = {
+    "0.1": "2024-12-11T16:13",
+    "0.2": "2025-02-15T13:45",
+    "0.2.0.post1": "2025-02-16T14:42",
+    "0.2.0.post2": "2025-02-20T03:03",
+    "0.3.0.post0": "2025-03-29T23:20",
+    "0.3.0.post1": "2025-04-02T17:21",
+    "0.4.0": "2025-06-06T23:52",
+    "0.4.1": "2025-06-26T23:57",
+    "0.5.0": "2025-07-23T17:57",
+    "0.6.0": "2025-10-15T05:19",
+    "0.6.1": "2025-11-14T02:42",
+    "0.7.0": "2026-01-05T10:10",
+}
+
+
+class VerlWindow(NamedTuple):
+    """Upstream commit times the launch's verl lies in: [after, before) (None: unbounded)."""
+
+    after: str | None
+    before: str | None
+    reasons: tuple[str, ...]
+    pinned: bool = False
+
+    def side(self, change: Change) -> str | None:
+        """'before' / 'after' the change, or None when the window straddles it (or is contradictory)."""
+        if self.after is not None and self.before is not None and self.after >= self.before and not self.pinned:
+            return None
+        if self.before is not None and self.before <= change.at and not (self.pinned and self.before == change.at):
+            return "before"
+        if self.after is not None and self.after >= change.at:
+            return "after"
+        return None
+
+    def describe(self) -> str:
+        if self.pinned:
+            return f"verl at {self.after} ({'; '.join(self.reasons)})"
+        low = f"at or after {self.after}" if self.after else ""
+        high = f"before {self.before}" if self.before else ""
+        span = " and ".join(p for p in (low, high) if p) or "of unknown date"
+        return f"verl {span} (from its keys: {'; '.join(self.reasons) or 'none that date it'})"
+
+
+def parse_pin(text: str) -> str:
+    """`VERL_VERSION=0.4.1` / `v0.4.1` / `2025-01-24`: the upstream time the launch's verl is at."""
+    value = text.strip().lower().removeprefix("v")
+    if value in TAGS:
+        return TAGS[value]
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+        return value + "T23:59"
+    raise InputError(
+        f"VERL_VERSION={text!r} is neither a verl release ({', '.join(TAGS)}) nor a date (YYYY-MM-DD).",
+        "Give the release, or the date of the upstream verl commit a fork is based on.",
+    )
+
+
+def window(plain_keys: Iterable[str], added_keys: Iterable[str], pin: str | None = None) -> VerlWindow:
+    """The window of upstream times that the keys allow (`added_keys`: given with a leading `+`)."""
+    if pin is not None:
+        point = parse_pin(pin)
+        return VerlWindow(point, point, (f"VERL_VERSION={pin}",), pinned=True)
+    after: tuple[str, str] | None = None
+    before: tuple[str, str] | None = None
+    for key in plain_keys:
+        for ev in KEY_EVIDENCE:
+            if ev.suffix not in key:
+                continue
+            if ev.added and (after is None or ev.added[0] > after[0]):
+                after = (ev.added[0], f"{key.split('.')[-1]} needs verl {ev.added[1]}")
+            if ev.removed and (before is None or ev.removed[0] < before[0]):
+                before = (ev.removed[0], f"{key.split('.')[-1]} was removed by verl {ev.removed[1]}")
+    for key in added_keys:
+        for ev in KEY_EVIDENCE:
+            if ev.suffix in key and ev.added:
+                if before is None or ev.added[0] < before[0]:
+                    before = (ev.added[0], f"+{key.split('.')[-1]} predates verl {ev.added[1]}, which added it")
+    reasons = tuple(r for r in (after[1] if after else None, before[1] if before else None) if r)
+    return VerlWindow(after[0] if after else None, before[0] if before else None, reasons)

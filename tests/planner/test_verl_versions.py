@@ -1,0 +1,137 @@
+"""--from-verl across verl versions: keys date a launch, the old defaults and batch semantics follow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from grpo_pilot.cli_plan import app
+from grpo_pilot.errors import InputError
+from grpo_pilot.planner.from_verl import read_verl, verl_launch
+from grpo_pilot.planner.verl_versions import CHANGES, window
+from grpo_pilot.profiles import resolve_model
+from grpo_pilot.profiles.config_overrides import apply_config_overrides
+
+A = "actor_rollout_ref."
+REAL = Path(__file__).resolve().parent / "real_runs" / "scripts"
+
+# Logic-RL main_grpo.sh's keys (verl of late January 2025): a mini-batch above the batch, global micro-batches
+LOGIC_RL = {
+    "algorithm.adv_estimator": "grpo",
+    "data.train_batch_size": "8",
+    "data.max_prompt_length": "400",
+    "data.max_response_length": "2048",
+    A + "model.path": "m",
+    A + "actor.ppo_mini_batch_size": "256",
+    A + "actor.ppo_micro_batch_size": "64",
+    A + "actor.use_kl_loss": "True",
+    A + "actor.fsdp_config.grad_offload": "True",
+    A + "rollout.log_prob_micro_batch_size": "160",
+    A + "ref.log_prob_micro_batch_size": "160",
+    A + "rollout.n": "16",
+    "trainer.n_gpus_per_node": "4",
+}
+
+
+def test_keys_date_the_verl_and_old_defaults_apply() -> None:
+    win = window(LOGIC_RL, [])
+    assert (win.after, win.before) == ("2025-01-23T12:25", "2025-02-17T06:07")  # use_kl_loss .. grad_offload
+    launch = verl_launch(LOGIC_RL)
+    assert launch.workload["entropy_coeff"] == 0.001  # verl before 25b0f2262 (#1100)
+    assert launch.knobs["enforce_eager"] is True  # before ff6978c14 (#2956)
+    assert launch.remove_padding is False  # before 561752996 (#4461)
+    # the mini-batch above the batch is one mini-batch of the whole batch (not a refusal)
+    assert launch.workload["mini_batch_prompts"] == 8 and any("exceeds train_batch_size" in n for n in launch.notes)
+    # #136 (2025-01-27) lies inside the window: today's division, and the override that gives the old one
+    assert launch.knobs["micro_batch_size_per_gpu"] == 16
+    assert any("ppo_micro_batch_size_per_gpu=256" in n for n in launch.notes)
+    # a plus-added key the config later gained: the verl predates that addition
+    assert window({"a.b": "1"}, ["trainer.val_before_train"]).before == "2025-03-31T06:05"
+
+
+def test_pinned_verl_before_136_multiplies_micro_batches_by_n() -> None:
+    launch = verl_launch(LOGIC_RL, version="2025-01-23")
+    k = launch.knobs
+    # 64 // 4 x 16 = 256 per GPU, but a GPU's mini-batch is 8 x 16 / 4 = 32 sequences: one micro-batch of 32
+    assert k["micro_batch_size_per_gpu"] == 32 and k["log_prob_micro_batch_size_per_gpu"] == 32
+    newer = verl_launch(LOGIC_RL | {A + "actor.ppo_mini_batch_size": "8"}, version="0.4.1")
+    assert newer.knobs["micro_batch_size_per_gpu"] == 16 and newer.workload["entropy_coeff"] == 0.0
+    with pytest.raises(InputError, match="VERL_VERSION"):
+        verl_launch(LOGIC_RL, version="latest")
+    # a verl that validates the mini-batch (since 4d27461d0, #559) refuses to start
+    with pytest.raises(InputError, match="refuses to start"):
+        verl_launch(LOGIC_RL, version="0.4.1")
+    pinned = read_verl("\n".join(f"{k}={v}" for k, v in LOGIC_RL.items()), ["VERL_VERSION=2025-01-23"])
+    assert pinned.knobs["micro_batch_size_per_gpu"] == 32
+
+
+def test_changes_are_ordered_and_sourced() -> None:
+    times = [c.at for c in CHANGES]
+    assert times == sorted(times) and all(c.source.startswith("verl ") for c in CHANGES)
+
+
+def test_model_path_missing_takes_model_flag() -> None:
+    keys = {k: v for k, v in LOGIC_RL.items() if k != A + "model.path"} | {A + "model.path": ""}
+    with pytest.raises(InputError, match="model.path is not set") as info:
+        verl_launch(keys)
+    assert "--model" in info.value.hint
+    launch = verl_launch(keys, model_fallback="qwen2.5-7b")
+    assert launch.model == "qwen2.5-7b" and any("--model qwen2.5-7b" in n for n in launch.notes)
+
+
+def test_override_config_reaches_the_model_spec() -> None:
+    keys = dict(LOGIC_RL) | {
+        A + "model.override_config.max_position_embeddings": "32768",
+        A + "model.override_config.rope_scaling": "{type:yarn,factor:4.0}",
+        A + "model.override_config.attention_dropout": "0.1",
+    }
+    launch = verl_launch(keys)
+    assert launch.hf_overrides == {
+        "max_position_embeddings": 32768,
+        "rope_scaling": {"type": "yarn", "factor": 4.0},
+        "attention_dropout": 0.1,
+    }
+    spec = resolve_model("qwen2.5-math-7b").spec
+    assert spec.max_position_embeddings == 4096
+    changed, notes = apply_config_overrides(spec, launch.hf_overrides)
+    assert changed.max_position_embeddings == 32768 and changed.num_params == spec.num_params
+    assert any("rope_scaling" in n for n in notes) and any("attention_dropout ignored" in n for n in notes)
+    with pytest.raises(InputError, match="num_key_value_heads"):
+        apply_config_overrides(spec, {"num_key_value_heads": 5})
+    with pytest.raises(InputError, match="not an integer"):
+        apply_config_overrides(spec, {"max_position_embeddings": "long"})
+
+
+def test_cli_applies_override_config_and_script_args(tmp_path: Path) -> None:
+    """The one-step-off recipe on the bundled Qwen2.5-Math-7B (4,096 positions): its override_config lengthens
+    the context to 32,768, so the 10,240-token sequences pass the context check."""
+    script = REAL / "verl_recipe_one_step_off_policy_dapo_7b_math_fsdp2_colocate.sh"
+    args = ["--from-verl", str(script), "--gpus", "H20", "--model", "qwen2.5-math-7b", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code in (0, 3), result.output
+    plan = json.loads(result.stdout)
+    assert plan["model"]["spec"]["max_position_embeddings"] == 32768
+    assert not any("positions" in v for v in plan["violations"])
+    without = tmp_path / "run.sh"
+    without.write_text(
+        script.read_text().replace("+actor_rollout_ref.model.override_config.max_position_embeddings", "+x.y")
+    )
+    result = CliRunner().invoke(app, ["--from-verl", str(without), *args[2:]])
+    assert any("4096 positions" in v for v in json.loads(result.stdout)["violations"])
+
+
+def test_numeric_keys_are_checked_by_name() -> None:
+    for key, value, fragment in [
+        (A + "actor.ppo_micro_batch_size", "abc", "not a positive integer"),
+        (A + "actor.entropy_coeff", "inf", "not a finite number"),
+        (A + "actor.entropy_coeff", "abc", "not a finite number"),
+        (A + "rollout.gpu_memory_utilization", "nan", "not a finite number"),
+        (A + "actor.use_dynamic_bsz", "abc", "not True or False"),
+        (A + "rollout.log_prob_max_token_len_per_gpu", "abc", "not a positive integer"),
+    ]:
+        with pytest.raises(InputError, match=fragment) as info:
+            verl_launch(dict(LOGIC_RL) | {A + "actor.use_dynamic_bsz": "True", key: value})
+        assert key in info.value.message
