@@ -1,0 +1,55 @@
+"""The held-out public launches (cases_heldout.json, HELDOUT.md): launches the planner was not shaped on.
+
+Every case goes through `grpo-plan` as a user types it (`corpus.command`, `--headroom-gib 0`). None of
+them publishes length statistics, so the plan judges every sequence at its maximum and, when that does
+not fit, gives the boundary: the largest mean response that fits (planner/verdict.py). What must hold:
+- no launch is refused (exit 2): the readers read bash and TRL/ms-swift configs as their tools do;
+- a launch that ran reads as "fits" or "fits while the mean response stays under N" — never a plain
+  "does not fit", since nothing says its responses were long;
+- a launch that ran out of memory never reads as a plain "fits";
+- a published step time lies below the plan's time at the maximum lengths (the bound a plan with unknown
+  lengths states: its time model follows the tokens, and the maxima bound them).
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corpus import HERE, evaluate, load_cases  # noqa: E402
+
+CASES = load_cases(HERE / "cases_heldout.json")
+
+
+@lru_cache(maxsize=None)
+def answer(case_id: str) -> dict:
+    return evaluate(next(c for c in CASES if c["id"] == case_id))
+
+
+def _kind(plan: dict) -> str:
+    return (plan.get("verdict") or {}).get("kind") or ("fits" if plan["fits"] else "does_not_fit")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_heldout_verdict(case: dict) -> None:
+    result = answer(case["id"])
+    assert result["exit_code"] != 2, f"{case['id']} refused: {result['error']}"
+    kind = _kind(result["plan"])
+    if case["outcome"]["status"] == "ran":
+        assert kind in ("fits", "fits_below_mean_response"), (case["id"], kind)
+    else:
+        assert kind != "fits", (case["id"], kind, result["plan"]["peak_gpu_bytes"] / 2**30)
+
+
+TIMED = [c for c in CASES if c["outcome"].get("step_s") and not c.get("lengths")]
+
+
+@pytest.mark.parametrize("case", TIMED, ids=[c["id"] for c in TIMED])
+def test_published_step_time_is_below_the_maximum_length_bound(case: dict) -> None:
+    plan = answer(case["id"])["plan"]
+    assert plan["memory_quantile"] is None  # lengths unknown: judged at the maxima
+    assert case["outcome"]["step_s"] < plan["predicted_step_s"], (case["id"], plan["predicted_step_s"])
