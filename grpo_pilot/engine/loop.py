@@ -241,6 +241,14 @@ class RunResult:
     last_record: dict[str, Any] | None
 
 
+def checkpoint_due(config: RunConfig, step: int) -> bool:
+    """Whether `step` ends with a checkpoint: every `checkpoint_every` steps and at the last one, unless
+    `checkpoint = false` (never)."""
+    if not config.checkpoint:
+        return False
+    return step == config.steps or bool(config.checkpoint_every and step % config.checkpoint_every == 0)
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -335,7 +343,7 @@ def _run_locked(
                 size = rd.metrics.append(result.record)
                 live.update(result.record)
                 done.append(result)
-                if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
+                if checkpoint_due(config, step):
                     state = {
                         "sampler": eng.sampler.state_dict(),
                         "config_hash": config_hash,

@@ -41,6 +41,7 @@ NOT_HASHED: frozenset[str] = frozenset(
     {
         "steps",
         "output_dir",
+        "checkpoint",
         "checkpoint_every",
         "keep_checkpoints",
         "resume",
@@ -147,6 +148,10 @@ class RunConfig(Frozen):
     # run management
     output_dir: str = Field(default="runs/grpo", description="Metrics, profile.json and checkpoints go here.")
     seed: int = Field(default=0, ge=0, description="Seeds model init, data order and sampling.")
+    checkpoint: bool = Field(
+        default=True,
+        description="Write checkpoints (false: never, not even at the last step; such a run cannot be resumed).",
+    )
     checkpoint_every: int = Field(default=50, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     keep_checkpoints: int = Field(default=2, ge=1, description="Newest checkpoints kept on disk.")
     resume: bool = Field(default=False, description="Continue from the newest checkpoint in output_dir.")

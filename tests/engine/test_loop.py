@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from grpo_pilot.engine.loop import run, sampling_seed
+from grpo_pilot.engine.loop import checkpoint_due, run, sampling_seed
 from grpo_pilot.engine.run_config import RunConfig
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.plan import load_plan
@@ -120,6 +120,14 @@ def test_every_group_dropped_skips_the_update(tmp_path):
     )
     (r,) = read_metrics(tmp_path)
     assert r["num_groups"] == 0 and r["num_updates"] == 0 and r["rollout_rounds"] == 2 and r["dropped_groups"] == 16
+
+
+def test_checkpoint_schedule_and_checkpoint_false(tmp_path):
+    due = [s for s in range(1, 8) if checkpoint_due(config(tmp_path, steps=7, checkpoint_every=3), s)]
+    assert due == [3, 6, 7]
+    assert [s for s in range(1, 8) if checkpoint_due(config(tmp_path, steps=7, checkpoint_every=0), s)] == [7]
+    never = config(tmp_path, steps=7, checkpoint_every=1, checkpoint=False)
+    assert not any(checkpoint_due(never, s) for s in range(1, 8))
 
 
 def test_sampling_seed_differs_per_step_and_round():
