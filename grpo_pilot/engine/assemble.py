@@ -233,6 +233,8 @@ def build_engine(
         threads=worker_threads(cfg, topology, device),
         cpu_memory=cfg.cpu_memory,
         memory_cap_bytes=cfg.memory_cap_bytes,
+        allocator=cfg.allocator,
+        release_cache=cfg.release_cache,
         actor=actor_settings(plan, cfg, loss),
         rollout=RolloutSettings(
             backend=backend,
@@ -244,6 +246,7 @@ def build_engine(
             enforce_eager=k.enforce_eager,
             kv_cache_bytes=kv_bytes,
             seed=cfg.seed,
+            hf_decode=cfg.hf_decode,
         ),
         topology=topology,
         workdir=str(Path(cfg.output_dir) / "workers"),

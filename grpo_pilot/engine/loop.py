@@ -44,6 +44,7 @@ from grpo_pilot.engine.checkpoint import (
     latest_checkpoint,
     restore_rng,
 )
+from grpo_pilot.engine.device_memory import allocator_report
 from grpo_pilot.engine.failures import CrashError, failure_record
 from grpo_pilot.engine.metrics import LiveDisplay
 from grpo_pilot.engine.notes import run_notes
@@ -224,6 +225,8 @@ def grpo_step(eng: Engine, step: int) -> StepResult:
         "phase_s": {k: v.wall_s for k, v in phases.items()},
         "phase_peak_bytes": {k: v.peak_bytes for k, v in phases.items()},
         "phase_rss_peak_bytes": {k: v.rss_peak_bytes for k, v in phases.items()},
+        "phase_reserved_peak_bytes": {k: v.reserved_peak_bytes for k, v in phases.items()},
+        "phase_device_peak_bytes": {k: v.device_peak_bytes for k, v in phases.items()},
     }
     lengths = [
         {"step": step, "prompt_tokens": p, "response_tokens": r}
@@ -389,6 +392,10 @@ def _finish(
     )
     infos = eng.group.infos
     ranks = tuple(rank_profile(i.label, i.device, [r.worker_phases[i.index] for r in done]) for i in infos)
+    cfg = eng.config
+    allocator = allocator_report(
+        cfg.allocator, cfg.release_cache, device_type=infos[0].device.split(":")[0], conf=infos[0].alloc_conf
+    )
     lengths = [r.record["response_len_mean"] for r in done if r.record["response_len_mean"] is not None]
     profile = build_profile(
         plan,
@@ -399,6 +406,8 @@ def _finish(
         mean_response_tokens=float(np.mean(lengths)) if lengths else None,
         notes=notes,
         ranks=ranks,
+        allocator=allocator,
+        rollout_weight_copy_bytes=max(i.rollout_weight_copy_bytes for i in infos),
     )
     if done:  # a resume with nothing left to do keeps the previous profile.json
         write_profile_json(rd.path / "profile.json", profile)

@@ -168,14 +168,21 @@ def summary_table(profile: Any) -> Table:
         title=f"measured vs predicted on {profile.device}",
         caption=f"time: median of steps {_steps(profile.steps_measured)}; memory: {memory}",
     )
+    # CUDA: the device footprint (allocator reserve + context etc.) beside the plan's phase total
+    device = any(row.measured_device_peak_bytes is not None for row in profile.phases.values())
     table.add_column("phase", no_wrap=True)
-    for col in ("time", "plan", "err", "peak mem", "plan", "err"):
+    for col in ("time", "plan", "err", "peak mem", "plan", "err") + (("device", "plan total", "err") if device else ()):
         table.add_column(col, justify="right", no_wrap=True)
     for name, row in profile.phases.items():
         mem = (
             (row.measured_peak_bytes, row.predicted_tensor_bytes, row.memory_rel_error)
             if tensors
             else (row.measured_rss_peak_bytes, row.predicted_total_bytes, row.rss_rel_error)
+        )
+        dev = (
+            (_bytes(row.measured_device_peak_bytes), _bytes(row.predicted_total_bytes), _pct(row.device_rel_error))
+            if device
+            else ()
         )
         table.add_row(
             name,
@@ -185,9 +192,11 @@ def summary_table(profile: Any) -> Table:
             _bytes(mem[0]),
             _bytes(mem[1]),
             _pct(mem[2]),
+            *dev,
         )
     s = profile.step
-    table.add_row("step", _secs(s.measured_wall_s), _secs(s.predicted_wall_s), _pct(s.time_rel_error), "", "", "")
+    blank = ("", "", "") * (2 if device else 1)
+    table.add_row("step", _secs(s.measured_wall_s), _secs(s.predicted_wall_s), _pct(s.time_rel_error), *blank)
     return table
 
 

@@ -51,6 +51,9 @@ NOT_HASHED: frozenset[str] = frozenset(
         "user_code_timeout_s",
         "allow_unsandboxed_code",
         "memory_cap_bytes",
+        "allocator",
+        "release_cache",
+        "hf_decode",
     }
 )
 
@@ -106,6 +109,12 @@ class RunConfig(Frozen):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int | None = Field(default=None, ge=1, description="Response cap; None = plan response_len_tokens.")
     stop: tuple[str, ...] = Field(default=(), description="Stop strings (EOS always stops).")
+    hf_decode: Literal["auto", "eager", "static", "cuda_graph"] = Field(
+        default="auto",
+        description="hf rollout decode loop: eager (per-token host checks, finished rows compacted), static "
+        "(preallocated cache, fixed shapes, bf16 weight copy on CUDA, no per-token host sync), cuda_graph (static, "
+        "each step replayed as a CUDA graph; CUDA only); auto = cuda_graph on CUDA, eager on CPU.",
+    )
 
     # loss (GRPO family; grpo.md)
     adv_scale: Literal["group", "batch", "none"] = Field(
@@ -168,6 +177,16 @@ class RunConfig(Frozen):
     cpu_memory: Literal["tensors", "rss"] = Field(
         default="tensors",
         description="CPU peak memory per phase: live tensor bytes (dispatch tracker) or process RSS only.",
+    )
+    allocator: Literal["expandable", "default"] = Field(
+        default="expandable",
+        description="CUDA caching allocator: expandable (expandable_segments:True) or default (the environment's "
+        "PYTORCH_CUDA_ALLOC_CONF as it is); no-op on CPU. engine/device_memory.py.",
+    )
+    release_cache: Literal["verl", "after_rollout", "never"] = Field(
+        default="verl",
+        description="Where torch.cuda.empty_cache() runs: verl (before and after the weight sync, after the rollout), "
+        "after_rollout, or never; no-op on CPU.",
     )
     memory_cap_bytes: int | None = Field(
         default=None,

@@ -64,6 +64,12 @@ def test_run_writes_metrics_profile_and_final_checkpoint(tmp_path):
         # one on-policy update: no log-prob pass ran, so no worker measured that phase's memory
         assert (row["measured_peak_bytes"] is None) == (phase == "log_prob")
         assert phase == "log_prob" or row["measured_peak_bytes"] > 0
+    # CPU: the CUDA allocator settings are recorded as no-ops; no bf16 rollout copy; no device figures
+    assert profile["allocator"]["setting"] == "expandable" and profile["allocator"]["release_cache"] == "verl"
+    assert profile["allocator"]["applies"].startswith("no-op on cpu") and profile["allocator"]["release_points"] == []
+    assert profile["rollout_weight_copy_bytes"] == 0
+    assert profile["phases"]["update"]["measured_device_peak_bytes"] is None
+    assert all(v is None for v in rows[-1]["phase_device_peak_bytes"].values())
     (rank,) = profile["ranks"]
     assert rank["worker"] == "worker 0 (trainer+rollout)" and profile["num_workers"] == 1
     assert rank["phases"]["update"]["measured_peak_bytes"] == profile["phases"]["update"]["measured_peak_bytes"]

@@ -169,9 +169,9 @@ class HFRollout:
             )
 
     def sleep(self) -> None:
-        """Return the generation KV cache blocks held by the CUDA caching allocator; nothing to do on CPU."""
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        """Nothing held between calls (the KV cache lives in one `generate`); whether the allocator's cached blocks
+        go back to the driver is the run's `release_cache` policy (engine/device_memory.py, called by the worker)."""
+        self._live_model()
 
     def wake(self) -> None:
         """Nothing to restore: the KV cache is allocated again by the next `generate`."""
