@@ -263,7 +263,12 @@ def build_engine(
         group=group,
         loss=loss,
         sampling=SamplingConfig(
-            temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new, stop=cfg.stop, seed=cfg.seed
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            max_new_tokens=max_new,
+            stop=cfg.stop,
+            seed=cfg.seed,
         ),
         n=w.n,
         prompts_per_step=w.prompts_per_step,

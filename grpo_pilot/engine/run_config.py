@@ -107,6 +107,7 @@ class RunConfig(Frozen):
         default=1.0, gt=0.0, description="Sampling temperature; log-probs divide logits by it too."
     )
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, description="Sample from the k most likely tokens (before top_p); 0 = off.")
     max_new_tokens: int | None = Field(default=None, ge=1, description="Response cap; None = plan response_len_tokens.")
     stop: tuple[str, ...] = Field(default=(), description="Stop strings (EOS always stops).")
     hf_decode: Literal["auto", "eager", "static", "cuda_graph"] = Field(

@@ -171,7 +171,9 @@ class Worker:
             memory_source=self.profiler.memory_source,
             rss_source=self.profiler.rss_source,
             alloc_conf=alloc_conf,
-            rollout_weight_copy_bytes=int(getattr(self.rollout, "weight_copy_bytes", 0)),
+            rollout_weight_copy_bytes=self.rollout.weight_copy_bytes(self.device)
+            if hasattr(self.rollout, "weight_copy_bytes")
+            else 0,
         )
 
     def _join_group(self, master: tuple[str, int] | None, rank: int, world: int) -> None:
@@ -213,6 +215,7 @@ class Worker:
             kv_cache_bytes=r.kv_cache_bytes,
             seed=r.seed,
             workdir=Path(st.workdir) / f"worker-{self.spec.index}",
+            hf_decode=r.hf_decode,
         )
         if r.backend == "hf":
             rollout.shares_policy = on_policy

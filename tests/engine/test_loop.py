@@ -263,3 +263,15 @@ def test_notes_say_when_the_run_offloads_more_than_the_plan():
     assert not any(n.startswith("offload:") for n in run_notes(plan, **kw))
     (note,) = [n for n in run_notes(one, **kw) if n.startswith("offload:")]
     assert "only optimizer_offload" in note and "all three" in note
+
+
+def test_static_decode_runs_the_same_steps_as_the_eager_one(tmp_path):
+    # hf_decode = static through the whole engine (weight sync's wake, rollout, sleep): the same completions, so
+    # the same rewards and lengths, step after step
+    eager = run(tiny_plan(), config(tmp_path / "e", steps=2, hf_decode="eager", checkpoint=False), quiet=True)
+    static = run(tiny_plan(), config(tmp_path / "s", steps=2, hf_decode="static", checkpoint=False), quiet=True)
+    assert eager.last_record is not None and static.last_record is not None
+    for key in ("reward_mean", "response_len_mean", "response_len_max", "trained_tokens"):
+        assert static.last_record[key] == eager.last_record[key], key
+    lengths = [(tmp_path / d / "run" / "lengths.jsonl").read_text() for d in ("e", "s")]
+    assert lengths[0] == lengths[1]
