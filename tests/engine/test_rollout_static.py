@@ -132,9 +132,9 @@ def test_bf16_static_step_matches_the_eager_modules_step(model_type: str) -> Non
         for t in range(1, 4):
             last = last + 1
             static.tokens.copy_(token)
-            ours = static.forward(ids.shape[1] + t)  # exactly the filled slots: the eager step's arithmetic
+            ours = static.forward(ids.shape[1] + t)
             theirs = eager(token, last)
-            torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
+            torch.testing.assert_close(ours, theirs, atol=2e-2, rtol=2e-2)  # bf16 rounding: another SDPA shape
             token = theirs.argmax(-1)
 
 
@@ -373,3 +373,15 @@ def test_top_k_keeps_the_k_most_likely_and_composes_with_top_p() -> None:
     u = torch.rand((logits.shape[0], 1), generator=g)
     same = [sample_next(logits, temperature=1.0, top_p=1.0, top_k=k, uniforms=u) for k in (0, 4, 9)]
     assert torch.equal(same[0], same[1]) and torch.equal(same[0], same[2])  # k >= vocabulary: top-k is off
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama"])
+def test_bf16_static_equals_eager_when_it_attends_exactly_the_filled_slots(model_type: str) -> None:
+    # with length buckets the masked slots change bf16 rounding (and near-ties of a random model can flip); one slot
+    # per bucket is the eager arithmetic: the same greedy completions
+    model = tiny(model_type).to(torch.bfloat16)
+    common = dict(max_new_tokens=20, eos_ids=(1,), pad_id=0, temperature=0.0, top_p=1.0, generator=None)
+    with torch.inference_mode():
+        eager = decode_batch(model, MANY, compact_fraction=None, **common)
+        static = decode_static(model, DecodeWeights(model, torch.bfloat16), MANY, length_bucket=1, **common)
+    assert static == eager

@@ -20,7 +20,11 @@ value back to the host. Two arithmetic variants, as in llama_step:
   additive mask, residual adds fused into `addmm_` — on the CPU bit for bit the eager lean step whenever
   `length` equals the filled slots;
 - half (bf16 / fp16 weights): transformers' own RMSNorm arithmetic (fp32 statistics, the weight times the
-  input-dtype result: Qwen2RMSNorm / LlamaRMSNorm.forward) and SDPA on a boolean mask, as a bf16 model runs.
+  input-dtype result: Qwen2RMSNorm / LlamaRMSNorm.forward) and SDPA on a boolean mask, with GQA as SDPA over
+  the KV heads and each head's group of query heads as its query length — transformers' `enable_gqa` /
+  `repeat_kv` would copy every layer's K and V group-size times per step (8x for Qwen2.5-3B), which at
+  decode time reads more memory than the weights do. Equal to transformers' bf16 forward up to bf16
+  rounding (another kernel shape), not bit for bit.
 
 RoPE: a [total_len, 2·D] cos | sin± table from the model's rotary module, built once for every rope type
 whose cos / sin depend on the position only (every type but the dynamic ones, which rescale with the
@@ -244,11 +248,13 @@ class StaticStep:
             q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, heads, 1, D]
             q, k = q * cos + q.roll(dim // 2, -1) * sin, k * cos + k.roll(dim // 2, -1) * sin
             self._write(keys, values, k[:, :, 0], v[:, 0])
+            # GQA without repeating K/V: each KV head's group of query heads is SDPA's query length (the group's
+            # queries share that head's keys and mask), [B, kv_heads, group, D] against [B, kv_heads, length, D]
             o = F.scaled_dot_product_attention(
-                q, keys[:, :, :length], values[:, :, :length], attn_mask=mask, scale=lay.scaling,
-                enable_gqa=heads != kv_heads,
+                q.reshape(batch, kv_heads, heads // kv_heads, dim), keys[:, :, :length], values[:, :, :length],
+                attn_mask=mask, scale=lay.scaling,
             )  # fmt: skip
-            h = h + _lin(o.transpose(1, 2).reshape(batch, 1, heads * dim), lay.o)
+            h = h + _lin(o.reshape(batch, 1, heads * dim), lay.o)
             x = _hf_rms_norm(h, lay.post_norm, lay.post_eps)
             h = h + _lin(lay.act(_lin(x, lay.gate)) * _lin(x, lay.up), lay.down)
         return F.linear(_hf_rms_norm(h, self.final_norm, self.final_eps), *self.head)[:, -1]
