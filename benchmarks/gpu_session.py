@@ -19,10 +19,10 @@ recorded as skipped, so the most wanted numbers come first):
                     after everything else: it runs only with budget to spare (--budget-s, or --only)
 
 Plans: benchmarks/gpu_plans/<GPU>/<case>.json, made here with --make-plans from the cases' plan commands for
-1xH100-80G and 1xH200 (grpo-plan needs optuna, which the GPU image lacks); on another GPU kind the session runs
-grpo-plan there with --gpus local. Everything lands in DIR/session.json (rewritten after every task, so a cut
-session still returns what it measured) and DIR/session.log. Without CUDA it writes {"status": "no_gpu"} and
-exits 0.
+1xH100-80G and 1xH200 (no search time on the machine); on another GPU kind, or when this checkout cannot load a
+committed plan, the session runs the case's grpo-plan there with --gpus local (optuna comes with gpu_wheels.sh).
+Everything lands in DIR/session.json (rewritten after every task, so a cut session still returns what it measured)
+and DIR/session.log. Without CUDA it writes {"status": "no_gpu"} and exits 0.
 """
 
 from __future__ import annotations
@@ -145,6 +145,21 @@ def _cli(entry: str, argv: list[str], *, timeout_s: float) -> subprocess.Complet
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(HERE.parent), os.environ.get("PYTHONPATH"))))}
     return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=timeout_s,
                           env=env)  # fmt: skip
+
+
+def committed_plan(case: RunCase, gpu_name: str | None) -> Path | None:
+    """benchmarks/gpu_plans/<GPU>/<case>.json when it exists and this checkout's planner loads it, else None."""
+    from grpo_pilot.errors import GrpoPilotError
+    from grpo_pilot.planner.plan import load_plan
+
+    path = PLANS / str(gpu_name) / f"{case.name}.json"
+    if not path.exists():
+        return None
+    try:
+        load_plan(path)
+    except GrpoPilotError:
+        return None
+    return path
 
 
 def make_plans(root: Path) -> int:
@@ -274,8 +289,8 @@ class Session:
     def _run_run(self, task: Task, gpu_name: str | None, timeout: float) -> dict[str, Any]:
         case = case_named(task.argv[1])
         with tempfile.TemporaryDirectory(prefix="grpo-gpu-case-") as tmp:
-            plan = PLANS / str(gpu_name) / f"{case.name}.json"
-            if not plan.exists():  # another GPU kind: plan here (needs optuna)
+            plan = committed_plan(case, gpu_name)
+            if plan is None:  # another GPU kind, or a plan this checkout cannot load: plan here (grpo-plan)
                 plan = Path(tmp) / "plan.json"
                 proc = _cli("plan_entry", plan_command(case, "local", plan)[1:], timeout_s=min(120, timeout))
                 if not plan.exists():
