@@ -389,6 +389,9 @@ def _finish(
         shared_forwards=shared,
         steps_run=len(done),
         hf_replica=hf_replica,
+        rollout_weight_copy_bytes=max(i.rollout_weight_copy_bytes for i in eng.group.infos),
+        fused_adamw_on_gpu=any(i.device.startswith("cuda") for i in eng.group.infos if i.train_rank is not None)
+        and not eng.group.setup.actor.offload,
     )
     infos = eng.group.infos
     ranks = tuple(rank_profile(i.label, i.device, [r.worker_phases[i.index] for r in done]) for i in infos)

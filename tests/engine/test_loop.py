@@ -275,3 +275,19 @@ def test_static_decode_runs_the_same_steps_as_the_eager_one(tmp_path):
         assert static.last_record[key] == eager.last_record[key], key
     lengths = [(tmp_path / d / "run" / "lengths.jsonl").read_text() for d in ("e", "s")]
     assert lengths[0] == lengths[1]
+
+
+def test_notes_name_the_bf16_rollout_copy_and_the_fused_adamw():
+    from grpo_pilot.engine.notes import run_notes
+
+    plan = tiny_plan()
+    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3, hf_replica=False)
+    assert run_notes(plan, **kw, rollout_weight_copy_bytes=0, fused_adamw_on_gpu=True) == run_notes(plan, **kw)
+    (copy_note,) = [n for n in run_notes(plan, **kw, rollout_weight_copy_bytes=3 << 29) if "bf16 copy" in n]
+    assert "1.50 GiB" in copy_note
+    update = plan.phases["update"]
+    with_step = update.model_copy(update={"items": {**update.items, "optimizer_step_temporaries": 1 << 30}})
+    at_step = plan.model_copy(update={"phases": {**plan.phases, "update": with_step}})
+    (note,) = [n for n in run_notes(at_step, **kw, fused_adamw_on_gpu=True) if n.startswith("update: AdamW")]
+    assert "1.00 GiB" in note
+    assert not any(n.startswith("update: AdamW") for n in run_notes(at_step, **kw, fused_adamw_on_gpu=False))

@@ -168,7 +168,8 @@ class HFRollout:
         raw: dict[int, list[int]] = {}
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
         mode = resolve_decode(self.decode, model, device)
-        weights = self._static_weights(model, device) if mode != "eager" else None  # built outside inference mode
+        # the static loops' weights: those `wake` prepared this step, else built here (outside inference mode)
+        weights = (self._weights or self._static_weights(model, device)) if mode != "eager" else None
         with self._generation_mode(model, device):
             for start in range(0, len(order), rows):
                 chunk = order[start : start + rows]
