@@ -323,7 +323,8 @@ def run_decode_bench(a: argparse.Namespace) -> dict[str, Any]:
         tokens[mode] = [g.token_ids for g in gens]
         peak = int(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None
         out["modes"][mode] = {"wall_s": wall, "ms_per_step": 1000 * wall / a.max_new, "peak_allocated_bytes": peak,
-                              "weight_copy_bytes": backend.weight_copy_bytes(device)}  # fmt: skip
+                              "weight_copy_bytes": backend.weight_copy_bytes(device),
+                              **backend.decode_stats}  # fmt: skip
 
     def agree(x: list[tuple[int, ...]], y: list[tuple[int, ...]]) -> float:
         same = sum(next((i for i, (s, t) in enumerate(zip(r, q)) if s != t), min(len(r), len(q))) for r, q in zip(x, y))

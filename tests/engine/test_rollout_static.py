@@ -385,3 +385,34 @@ def test_bf16_static_equals_eager_when_it_attends_exactly_the_filled_slots(model
         eager = decode_batch(model, MANY, compact_fraction=None, **common)
         static = decode_static(model, DecodeWeights(model, torch.bfloat16), MANY, length_bucket=1, **common)
     assert static == eager
+
+
+def test_a_failed_capture_turns_graphs_off_and_the_decode_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    @contextlib.contextmanager
+    def graph(g: Any, pool: Any = None):  # type: ignore[no-untyped-def]
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+        yield  # pragma: no cover
+
+    fake = type("cuda", (), {})()
+    fake.Stream = lambda: type("S", (), {"wait_stream": lambda self, other: None})()
+    fake.current_stream = fake.Stream
+    fake.stream = lambda s: contextlib.nullcontext()
+    fake.CUDAGraph, fake.graph = object, graph
+    monkeypatch.setattr(cuda_graphs.torch, "cuda", fake)
+    x = torch.zeros(1)
+    runner = cuda_graphs.StepGraphs(enabled=True)
+    with pytest.warns(UserWarning, match="decoding on without graphs"):
+        runner.run("a", lambda: x.add_(1))
+    for _ in range(3):
+        runner.run("a", lambda: x.add_(1))
+    assert x.item() == 4 and not runner.enabled and runner.captures == 0
+    assert runner.failure == "RuntimeError: operation not permitted when stream is capturing"
+
+
+def test_decode_stats_count_the_steps_of_a_call() -> None:
+    model = tiny("qwen2")
+    stats: dict[str, Any] = {}
+    with torch.inference_mode():
+        out = decode_static(model, DecodeWeights(model, torch.float32), PROMPTS, max_new_tokens=7, eos_ids=(1,),
+                            pad_id=0, temperature=0.0, top_p=1.0, generator=None, stats=stats)  # fmt: skip
+    assert stats == {"steps": 7, "captures": 0, "replays": 0} and max(len(r) for r in out) <= 7

@@ -4,6 +4,9 @@
     graphs.run(key, fn)     fn() eagerly when disabled; else replay the key's graph (capturing it at first use)
     graphs.reset()          forget every graph (after the buffers `fn` works on were replaced)
 
+A capture that raises (an op CUDA cannot record) turns graphs off for the rest of the call, with a
+warning and `failure` set; the step it warmed up has already run, so the decode goes on eagerly.
+
 A thin wrapper: it is only correct because `fn` is shape-stable — it reads and writes only tensors that
 exist before the capture and are updated in place (static_step.StaticStep, static_decode), performs no
 host read and no data-dependent Python branch, and its launch configuration depends only on `key`.
@@ -24,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import warnings
+
 import torch
 
 
@@ -36,6 +41,7 @@ class StepGraphs:
         self._pool: Any = None
         self.captures = 0
         self.replays = 0
+        self.failure: str | None = None  # why capturing stopped (then every step runs eagerly)
 
     def run(self, key: Hashable, fn: Callable[[], None]) -> None:
         if not self.enabled:
@@ -52,8 +58,13 @@ class StepGraphs:
             fn()  # the real step for this key, and the warm-up before its capture
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            fn()  # recorded, not run
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                fn()  # recorded, not run
+        except RuntimeError as exc:  # the step ran (above); later steps run eagerly, the decode goes on
+            self.enabled, self.failure = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            warnings.warn(f"CUDA graph capture failed ({self.failure}); decoding on without graphs", stacklevel=2)
+            return
         if self._pool is None:
             self._pool = graph.pool()
         self._graphs[key] = graph

@@ -150,6 +150,7 @@ class HFRollout:
             raise InputError(f"Unknown hf decode mode {decode!r}.", f"Use one of {', '.join(DECODE_MODES)}.")
         self.decode = decode
         self._weights: DecodeWeights | None = None  # the static step's weights (a bf16 copy on CUDA), wake..sleep
+        self.decode_stats: dict[str, Any] = {}  # the last generate's static-loop counts (steps, graph captures)
 
     # -- protocol -------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
@@ -170,6 +171,7 @@ class HFRollout:
         mode = resolve_decode(self.decode, model, device)
         # the static loops' weights: those `wake` prepared this step, else built here (outside inference mode)
         weights = (self._weights or self._static_weights(model, device)) if mode != "eager" else None
+        self.decode_stats = {"mode": mode}
         with self._generation_mode(model, device):
             for start in range(0, len(order), rows):
                 chunk = order[start : start + rows]
@@ -284,7 +286,7 @@ class HFRollout:
         )
         if weights is None:
             return decode_batch(model, prompts, **common)
-        return decode_static(model, weights, prompts, graphs=mode == "cuda_graph", **common)
+        return decode_static(model, weights, prompts, graphs=mode == "cuda_graph", stats=self.decode_stats, **common)
 
     @contextlib.contextmanager
     def _generation_mode(self, model: Any, device: torch.device) -> Iterator[None]:

@@ -162,9 +162,11 @@ def decode_static(
     graphs: bool = False,
     check_every: int = CHECK_EVERY_STEPS,
     length_bucket: int = LENGTH_BUCKET_TOKENS,
+    stats: dict[str, Any] | None = None,
 ) -> list[list[int]]:
     """Generated ids per prompt, as `decode.decode_batch` returns them (module docstring). `weights`: the decode
-    step's tensors (static_step.DecodeWeights of `model`); `graphs`: replay CUDA graphs (CUDA only)."""
+    step's tensors (static_step.DecodeWeights of `model`); `graphs`: replay CUDA graphs (CUDA only); `stats`: a
+    dict the call adds its decode steps, graph captures and replays to (and a capture failure, if any)."""
     if check_every < 1 or length_bucket < 1:
         raise ValueError(f"check_every and length_bucket must be >= 1, got {check_every}, {length_bucket}")
     pre = prefill(model, prompts, pad_id=pad_id, max_new_tokens=max_new_tokens)
@@ -183,8 +185,14 @@ def decode_static(
     with torch.autocast(device.type, enabled=False):  # the prefill may run under autocast; the steps never do
         batch.sample_into(pre.logits)  # token 0, from the prefill's logits
         del pre
-        steps = _loop(batch, _Checks(batch, stop, stop_window, eos_ids), StepGraphs(enabled=graphs), width=width,
-                      total=total, check_every=check_every, length_bucket=length_bucket)  # fmt: skip
+        runner = StepGraphs(enabled=graphs)
+        steps = _loop(batch, _Checks(batch, stop, stop_window, eos_ids), runner, width=width, total=total,
+                      check_every=check_every, length_bucket=length_bucket)  # fmt: skip
+    if stats is not None:
+        for key, value in (("steps", steps), ("captures", runner.captures), ("replays", runner.replays)):
+            stats[key] = stats.get(key, 0) + value
+        if runner.failure:
+            stats["graph_failure"] = runner.failure
     cut = int(batch.done.max()) + 1  # the eager loop's result width: the last step at which a row finished
     return batch.out[:, : min(cut, steps)].tolist()
 
