@@ -203,7 +203,7 @@ def run_trl(a: argparse.Namespace) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoConfig, AutoModelForCausalLM, PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from grpo_pilot.engine.model_factory import _config_dict, build_char_tokenizer
 
@@ -239,15 +239,7 @@ def run_trl(a: argparse.Namespace) -> dict[str, Any]:
         prompts = write_prompts(Path(tmp) / "prompts.jsonl", count=a.prompts_per_step * (a.warmup + a.steps + 2),
                                 length=a.prompt_len - 2)  # fmt: skip
         texts = [json.loads(line)["prompt"] for line in prompts.read_text().splitlines()]
-        args = GRPOConfig(
-            output_dir=str(Path(tmp) / "out"), bf16=cuda, use_cpu=not cuda, use_vllm=False, report_to=[],
-            save_strategy="no", logging_steps=1, max_steps=a.warmup + a.steps, learning_rate=1e-6, beta=0.0,
-            num_generations=a.n,
-            per_device_train_batch_size=a.micro_batch, gradient_accumulation_steps=rows // a.micro_batch,
-            max_completion_length=a.max_new, temperature=1.0, top_p=1.0, seed=0, dataloader_num_workers=0,
-            disable_tqdm=True, gradient_checkpointing=ckpt,
-        )  # fmt: skip
-        trainer = GRPOTrainer(model=model, reward_funcs=_a_fraction, args=args,
+        trainer = GRPOTrainer(model=model, reward_funcs=_a_fraction, args=_trl_config(a, Path(tmp) / "out", ckpt),
                               train_dataset=Dataset.from_dict({"prompt": texts}),
                               processing_class=build_char_tokenizer(), callbacks=[StepClock()])  # fmt: skip
         trainer.remove_callback(PrinterCallback)
@@ -283,6 +275,21 @@ def run_trl(a: argparse.Namespace) -> dict[str, Any]:
         "poller": poller.result(),
         "torch": torch.__version__,
     }
+
+
+def _trl_config(a: argparse.Namespace, out: Path, ckpt: bool) -> Any:
+    """TRL's settings for the same step as ours (module docstring)."""
+    from trl import GRPOConfig
+
+    cuda = a.device == "cuda"
+    return GRPOConfig(
+        output_dir=str(out), bf16=cuda, use_cpu=not cuda, use_vllm=False, report_to=[], save_strategy="no",
+        logging_steps=1, max_steps=a.warmup + a.steps, learning_rate=1e-6, beta=0.0, num_generations=a.n,
+        per_device_train_batch_size=a.micro_batch,
+        gradient_accumulation_steps=a.prompts_per_step * a.n // a.micro_batch,
+        max_completion_length=a.max_new, temperature=1.0, top_p=1.0, seed=0, dataloader_num_workers=0,
+        disable_tqdm=True, gradient_checkpointing=ckpt,
+    )  # fmt: skip
 
 
 def _a_fraction(completions: list[Any], **_: Any) -> list[float]:

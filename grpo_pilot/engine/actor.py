@@ -122,6 +122,29 @@ def per_sample(flat: Tensor, samples: Sequence[Sample]) -> list[Tensor]:
 DUMMY = Sample((0,), (0,))  # what a rank without data feeds so that its collectives still run (zero weight)
 
 
+def micro_batch_loss(rows: Any, loss: LossSettings, *, num_tokens: int, num_seqs: int) -> tuple[Tensor, Any]:
+    """`policy_loss_terms` of one micro-batch's rows under the whole mini-batch's token and sequence counts."""
+    return policy_loss_terms(
+        rows.lp,
+        rows.old,
+        rows.adv,
+        rows.mask,
+        loss_agg_mode=loss.loss_agg_mode,
+        clip_low=loss.clip_low,
+        clip_high=loss.clip_high,
+        clip_c=loss.clip_c,
+        ref_logprobs=rows.ref,
+        kl_coef=loss.kl_coef,
+        kl_type=loss.kl_type,
+        ratio_level=loss.ratio_level,
+        entropy=rows.ent,
+        entropy_coeff=loss.entropy_coeff,
+        loss_scale_len=loss.loss_scale_len,
+        global_num_tokens=max(num_tokens, 1),
+        global_num_seqs=max(num_seqs, 1),
+    )
+
+
 def padded_hidden(model: torch.nn.Module, input_ids: Tensor) -> Tensor:
     """Final (normed) hidden states [k, W, h] of right-padded rows with default positions and causal attention.
 
@@ -483,25 +506,7 @@ class Actor:
                 ref=torch.cat([ref_logprobs[i] for i in b]) if ref_logprobs is not None and b else None,
                 with_ref=ref_logprobs is not None,
             )
-            total, stats = policy_loss_terms(
-                rows.lp,
-                rows.old,
-                rows.adv,
-                rows.mask,
-                loss_agg_mode=loss.loss_agg_mode,
-                clip_low=loss.clip_low,
-                clip_high=loss.clip_high,
-                clip_c=loss.clip_c,
-                ref_logprobs=rows.ref,
-                kl_coef=loss.kl_coef,
-                kl_type=loss.kl_type,
-                ratio_level=loss.ratio_level,
-                entropy=rows.ent,
-                entropy_coeff=loss.entropy_coeff,
-                loss_scale_len=loss.loss_scale_len,
-                global_num_tokens=max(global_num_tokens, 1),
-                global_num_seqs=max(global_num_seqs, 1),
-            )
+            total, stats = micro_batch_loss(rows, loss, num_tokens=global_num_tokens, num_seqs=global_num_seqs)
             total.backward()
             sums.add(stats)  # on the device: nothing is read back per micro-batch
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), st.max_grad_norm)
