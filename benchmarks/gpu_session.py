@@ -1,6 +1,6 @@
 """The one GPU session: every GPU measurement this repo wants from a lent machine, within a time budget, as JSON.
 
-    python benchmarks/gpu_session.py --out DIR [--budget-s 480]      on the GPU machine (gpu_session.sh runs it)
+    python benchmarks/gpu_session.py --out DIR [--budget-s 450]      on the GPU machine (gpu_session.sh runs it)
     python benchmarks/gpu_session.py --make-plans benchmarks/gpu_plans   here, on the CPU: the plans it runs
     python benchmarks/gpu_session.py --list                          the tasks, in order, with their caps
 
@@ -111,7 +111,7 @@ MIN_TASK_S = 45  # a task with less than this left of the budget is skipped, not
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None, help="where session.json and session.log go ($OUT)")
-    p.add_argument("--budget-s", type=float, default=480.0, help="wall-time budget of all tasks together")
+    p.add_argument("--budget-s", type=float, default=450.0, help="wall-time budget of all tasks together")
     p.add_argument("--only", default=None, help="comma-separated task names (default: all, in order)")
     p.add_argument("--list", action="store_true", help="print the tasks and exit")
     p.add_argument("--make-plans", type=Path, default=None, help="write the run cases' plans here (CPU is fine)")

@@ -9,7 +9,7 @@
 #
 # No pip install of grpo-pilot itself: PYTHONPATH points at this checkout (the image already has torch,
 # transformers, typer, rich, numpy, pandas); the carried wheels are unpacked into /tmp/site.
-# GPU_SESSION_BUDGET_S (default 480) bounds the tasks' wall time; extra arguments go to gpu_session.py
+# GPU_SESSION_BUDGET_S (default 450) bounds the tasks' wall time; extra arguments go to gpu_session.py
 # (e.g. --only engine-0.5b,run-qwen2.5-0.5b).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,4 +23,4 @@ export PYTHONPATH="$PWD${site:+:$site}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFE
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 out="${OUT:-$PWD/gpu-session-out}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
-python3 benchmarks/gpu_session.py --out "$out" --budget-s "${GPU_SESSION_BUDGET_S:-480}" "$@"
+python3 benchmarks/gpu_session.py --out "$out" --budget-s "${GPU_SESSION_BUDGET_S:-450}" "$@"
