@@ -295,8 +295,8 @@ def test_step_graphs_capture_once_per_key_and_replay_on_cuda(monkeypatch: pytest
     recording: list[Graph] = []
 
     @contextlib.contextmanager
-    def graph(g: Graph, pool: Any = None):  # type: ignore[no-untyped-def]
-        events.append(f"capture(pool={pool})")
+    def graph(g: Graph, pool: Any = None, capture_error_mode: str = "global"):  # type: ignore[no-untyped-def]
+        events.append(f"capture(pool={pool}, {capture_error_mode})")
         recording.append(g)
         yield
 
@@ -318,7 +318,9 @@ def test_step_graphs_capture_once_per_key_and_replay_on_cuda(monkeypatch: pytest
     for key in ("a", "a", "a", "b", "a", "b"):
         runner.run(key, step)
     assert x.item() == 6 and (runner.captures, runner.replays) == (2, 4)
-    assert events == ["capture(pool=None)", "replay", "replay", "capture(pool=pool)", "replay", "replay"]
+    assert events == [
+        "capture(pool=None, thread_local)", "replay", "replay", "capture(pool=pool, thread_local)", "replay", "replay"
+    ]  # fmt: skip
     runner.reset()
     runner.run("a", step)
     assert runner.captures == 3 and x.item() == 7
@@ -389,7 +391,7 @@ def test_bf16_static_equals_eager_when_it_attends_exactly_the_filled_slots(model
 
 def test_a_failed_capture_turns_graphs_off_and_the_decode_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
     @contextlib.contextmanager
-    def graph(g: Any, pool: Any = None):  # type: ignore[no-untyped-def]
+    def graph(g: Any, pool: Any = None, capture_error_mode: str = "global"):  # type: ignore[no-untyped-def]
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
         yield  # pragma: no cover
 

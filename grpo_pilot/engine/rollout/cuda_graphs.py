@@ -59,7 +59,9 @@ class StepGraphs:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: only this thread may not make capture-unsafe CUDA calls meanwhile; a profiler's or a
+            # benchmark's poller thread (cudaMemGetInfo every 20 ms) may go on (torch.cuda.graph capture_error_mode)
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 fn()  # recorded, not run
         except RuntimeError as exc:  # the step ran (above); later steps run eagerly, the decode goes on
             self.enabled, self.failure = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
