@@ -279,8 +279,8 @@ class Worker:
         generating on the trainer's module, refresh the rollout's bf16 copy of it)."""
         from grpo_pilot.engine.weight_sync import bucket_bytes, buckets, full_weights, stream
 
+        self._release("before_weight_sync")  # before the phase: its peaks start from the released cache
         with self._phase("weight_sync"):
-            self._release("before_weight_sync")
             self.rollout.wake()
             if not self.rollout.shares_policy:
                 self.rollout.sync_weights(stream(buckets(full_weights(self.actor.policy), bucket_bytes())))
@@ -293,8 +293,8 @@ class Worker:
         from grpo_pilot.engine.weight_sync import bucket_bytes, buckets, full_weights, to_host
 
         refs = []
+        self._release("before_weight_sync")
         with self._phase("weight_sync"):
-            self._release("before_weight_sync")
             for bucket in buckets(full_weights(self.actor.policy), bucket_bytes()):
                 if self.spec.train_rank == 0:
                     refs.append(ray.put(to_host(bucket)))
@@ -305,8 +305,8 @@ class Worker:
         """Split, on rollout workers: load the published buckets one at a time."""
         from grpo_pilot.engine.weight_sync import from_object_store, stream
 
+        self._release("before_weight_sync")
         with self._phase("weight_sync"):
-            self._release("before_weight_sync")
             self.rollout.wake()
             self.rollout.sync_weights(stream(from_object_store(refs)))
             self._release("after_weight_sync")
