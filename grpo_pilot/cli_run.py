@@ -88,6 +88,12 @@ def main(
     temperature: Optional[float] = typer.Option(None, help="Sampling temperature."),
     max_new_tokens: Optional[int] = typer.Option(None, help="Response cap (≤ the plan's response length)."),
     checkpoint_every: Optional[int] = typer.Option(None, help="Checkpoint every N steps (0 = at the end only)."),
+    checkpoint: Optional[bool] = typer.Option(
+        None,
+        "--checkpoint/--no-checkpoint",
+        help="--no-checkpoint: write no checkpoint at all, not even at the last step (run config: checkpoint = "
+        "false); the run cannot be resumed.",
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the output directory."),
     device: Optional[str] = typer.Option(None, help="auto | cpu | cuda."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads."),
@@ -139,6 +145,7 @@ def main(
         "temperature": temperature,
         "max_new_tokens": max_new_tokens,
         "checkpoint_every": checkpoint_every,
+        "checkpoint": checkpoint,
         "resume": resume or None,
         "device": device,
         "threads": threads,

@@ -123,6 +123,15 @@ def test_good_run_prints_measured_vs_predicted(tmp_path):
     assert saved["steps"] == 2 and saved["lr"] == 2e-3  # flag beat the file; the file gave lr
 
 
+def test_no_checkpoint_flag_writes_no_checkpoint(tmp_path):
+    # run.toml asks for a checkpoint every 20 steps (so one at the last step); --no-checkpoint writes none at all
+    args = (PLAN, "--config", "examples/tiny/run.toml", "--steps", "1", "--out", str(tmp_path / "run"), "-q")
+    result = invoke(*args, "--no-checkpoint", "--set", "cpu_memory=rss", "--set", "max_new_tokens=4")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run" / "profile.json").exists() and not (tmp_path / "run" / "checkpoints").exists()
+    assert json.loads((tmp_path / "run" / "run_config.json").read_text())["checkpoint"] is False
+
+
 def test_run_failure_exits_1_with_one_paragraph_and_failure_json(tmp_path):
     out = tmp_path / "run"
     result = invoke(PLAN, *GOOD, "--steps", "2", "--out", str(out), "--set", "memory_cap_bytes=1048576")

@@ -47,7 +47,13 @@ gradient equals the mini-batch gradient. Then grad-norm clipping and AdamW.
 
 Precision: fp32 master weights everywhere; on CUDA the forward computes in bf16 (autocast unsharded,
 FSDP2 `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` sharded) and the reference model is
-a bf16 copy; on CPU everything is fp32.
+a bf16 copy; on CPU everything is fp32. AdamW runs the fused kernel on CUDA and on the host.
+
+No host reads per micro-batch: index tensors reach the device through pinned, non-blocking copies
+(engine/host_copy.py), the loss inputs are built by one scatter each, the decoder of a Llama-family
+model is run without transformers' per-forward packed-sequence check (`padded_hidden`), and the
+metrics accumulate on the device (`MetricSums`) and are read back once per mini-batch, with the
+gradient norm.
 """
 
 from __future__ import annotations
@@ -60,17 +66,17 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from grpo_pilot.engine.algos.dapo import mask_truncated
 from grpo_pilot.engine.algos.logprobs import chunked_token_logprobs, entropy_from_logits, token_logprobs
-from grpo_pilot.engine.algos.policy_loss import policy_loss
+from grpo_pilot.engine.algos.policy_loss import policy_loss_terms
 from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
+from grpo_pilot.engine.host_copy import to_device
+from grpo_pilot.engine.loss_rows import MetricSums, loss_rows
 from grpo_pilot.engine.micro_batches import equalise_bins, plan_micro_batches
+from grpo_pilot.engine.rollout.llama_step import unsupported_reason
 from grpo_pilot.engine.settings import ActorSettings
 from grpo_pilot.engine.shared_prefix import prefix_batch, shared_prefix_hidden, shared_prefix_unsupported
 from grpo_pilot.models import Frozen
 from grpo_pilot.kernels import FUSED_LOGPROB_CHUNK_TOKENS
-
-SUMMED_METRICS = ("loss", "pg_loss", "kl_loss", "entropy_loss")
 
 
 @dataclass(frozen=True)
@@ -109,21 +115,55 @@ def micro_batch_layout(model: torch.nn.Module) -> str:
     return "packed" if config is not None and is_flash_attention_requested(config) else "padded"
 
 
-def pad_rows(rows: Sequence[Tensor], width: int | None = None) -> Tensor:
-    """[k, width] float tensor from 1-D rows (zeros after each row's end)."""
-    width = width if width is not None else max((r.numel() for r in rows), default=0)
-    out = torch.zeros((len(rows), width), dtype=torch.float32, device=rows[0].device if rows else None)
-    for i, r in enumerate(rows):
-        out[i, : r.numel()] = r
-    return out
-
-
 def per_sample(flat: Tensor, samples: Sequence[Sample]) -> list[Tensor]:
     """Split a sample-major [Σ r_i] tensor into one [r_i] tensor per sample."""
     return list(flat.split([len(s.response_ids) for s in samples]))
 
 
 DUMMY = Sample((0,), (0,))  # what a rank without data feeds so that its collectives still run (zero weight)
+
+
+def micro_batch_loss(rows: Any, loss: LossSettings, *, num_tokens: int, num_seqs: int) -> tuple[Tensor, Any]:
+    """`policy_loss_terms` of one micro-batch's rows under the whole mini-batch's token and sequence counts."""
+    return policy_loss_terms(
+        rows.lp,
+        rows.old,
+        rows.adv,
+        rows.mask,
+        loss_agg_mode=loss.loss_agg_mode,
+        clip_low=loss.clip_low,
+        clip_high=loss.clip_high,
+        clip_c=loss.clip_c,
+        ref_logprobs=rows.ref,
+        kl_coef=loss.kl_coef,
+        kl_type=loss.kl_type,
+        ratio_level=loss.ratio_level,
+        entropy=rows.ent,
+        entropy_coeff=loss.entropy_coeff,
+        loss_scale_len=loss.loss_scale_len,
+        global_num_tokens=max(num_tokens, 1),
+        global_num_seqs=max(num_seqs, 1),
+    )
+
+
+def padded_hidden(model: torch.nn.Module, input_ids: Tensor) -> Tensor:
+    """Final (normed) hidden states [k, W, h] of right-padded rows with default positions and causal attention.
+
+    Llama-family models with SDPA run their decoder's modules in its own order (embeddings, rotary, each layer with
+    no mask — SDPA's `is_causal` —, final norm): what `model.model(...)` computes, since for right padding, default
+    positions and SDPA transformers' `create_causal_mask` returns None; but that call first asks, on the host, whether
+    the default positions describe packed sequences (transformers masking_utils.find_packed_sequence_indices, an
+    `.all()` read per forward), which made the host wait for the GPU at every micro-batch. The layers are still
+    called as modules (their FSDP2 and checkpointing wrappers run); any other model runs its own forward."""
+    decoder: Any = model.get_decoder()
+    if unsupported_reason(model, allow_sharded=True) is not None:
+        return decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+    h = decoder.embed_tokens(input_ids)
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+    rotary = decoder.rotary_emb(h, positions)
+    for layer in decoder.layers:
+        h = layer(h, attention_mask=None, position_embeddings=rotary, position_ids=positions, use_cache=False)
+    return decoder.norm(h)
 
 
 class ScoredLogProbs(torch.nn.Module):
@@ -215,11 +255,11 @@ class ScoredLogProbs(torch.nn.Module):
                 ids.extend((s.prompt_ids + s.response_ids)[:-1])
                 pos.extend(range(n - 1))
                 targets.extend(s.response_ids)
-            input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-            position_ids = torch.tensor([pos], dtype=torch.long, device=device)
+            input_ids = to_device([ids], dtype=torch.long, device=device)
+            position_ids = to_device([pos], dtype=torch.long, device=device)
             out = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
             computed = len(ids)
-            hidden = out[0, torch.tensor(cols, dtype=torch.long, device=device)]
+            hidden = out[0, to_device(cols, dtype=torch.long, device=device)]
         else:
             width = max(s.num_tokens for s in samples) - 1
             # right padding with id 0 (any valid id: causal attention keeps pads out of real positions)
@@ -230,14 +270,13 @@ class ScoredLogProbs(torch.nn.Module):
                 cols.extend(range(p - 1, s.num_tokens - 1))
                 targets.extend(s.response_ids)
                 row.extend([0] * (width - len(row)))
-            input_ids = torch.tensor(batch, dtype=torch.long, device=device)
-            out = model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+            input_ids = to_device(batch, dtype=torch.long, device=device)
+            out = padded_hidden(model, input_ids)
             computed = len(samples) * width
             hidden = out[
-                torch.tensor(rows, dtype=torch.long, device=device),
-                torch.tensor(cols, dtype=torch.long, device=device),
+                to_device(rows, dtype=torch.long, device=device), to_device(cols, dtype=torch.long, device=device)
             ]
-        return hidden, torch.tensor(targets, dtype=torch.long, device=device), computed, fed
+        return hidden, to_device(targets, dtype=torch.long, device=device), computed, fed
 
 
 class Actor:
@@ -246,9 +285,9 @@ class Actor:
     `world_size` / `rank`: this actor's place among the training ranks (the default torch.distributed
     group must already hold them when `world_size` > 1).
     `numerics`: the device type whose numerics the actor follows — compute dtype (bf16 autocast or FSDP2
-    mixed precision on "cuda", fp32 on "cpu"), the reference copy's dtype and the AdamW kernel (foreach
-    on "cuda", fused on the host); None = `device.type`. The traced method (grpo_pilot/verify) runs the
-    CUDA numerics on fake cpu tensors.
+    mixed precision on "cuda", fp32 on "cpu"), the reference copy's dtype and the AdamW kernel (fused on
+    CUDA devices and the host; foreach for CUDA numerics on a cpu device); None = `device.type`. The traced
+    method (grpo_pilot/verify) runs the CUDA numerics on fake cpu tensors.
     """
 
     def __init__(
@@ -311,18 +350,23 @@ class Actor:
                     mixed_precision=mixed,
                     train=False,
                 )
-        # cpu: the fused kernel (one vectorised in-place pass per tensor, no temporaries; ~3x faster than
-        # the default single-tensor loop for small models); GPU: torch's default (foreach), which
-        # planner/memory/optimizer.py models for both; offloaded states step on the host (fused there too)
+        # The fused kernel wherever the step really runs: on the host (cpu runs, offloaded states: one vectorised
+        # in-place pass per tensor, no temporaries; ~3x faster than the default single-tensor loop for small
+        # models) and on CUDA devices (`_fused_adamw_`: one kernel per dtype/device group instead of foreach's
+        # several passes and its parameter-sized temporary lists; torchtitan's default optimizer implementation,
+        # torchtitan/config/job_config.py Optimizer.implementation = "fused", works on FSDP2's DTensor shards).
+        # The traced method (CUDA numerics on fake cpu tensors, grpo_pilot/verify) keeps foreach, the kernel the
+        # planner's optimizer-step item still models for GPUs (planner/memory/optimizer.py): there the plan is an
+        # upper bound by the foreach temporaries (profile.json notes it).
         on_host = numerics == "cpu" or settings.optimizer_offload or settings.param_offload
+        self.fused_adamw = on_host or device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(),
             lr=settings.lr,
             betas=(settings.adam_beta1, settings.adam_beta2),
             weight_decay=settings.weight_decay,
-            fused=True if on_host else None,
-            # torch's default on CUDA tensors, made explicit so the traced method (fake cpu tensors) follows it
-            foreach=True if numerics == "cuda" and not on_host else None,
+            fused=True if self.fused_adamw else None,
+            foreach=True if numerics == "cuda" and not self.fused_adamw else None,
         )
 
     @property
@@ -354,12 +398,12 @@ class Actor:
 
         return equalise_bins(bins, all_reduce_max(len(bins), self.device), lengths)
 
-    def _all_reduce_sum(self, values: list[float]) -> list[float]:
+    def _all_reduce_sum(self, values: Tensor) -> Tensor:
         if self.world_size == 1:
             return values
         from grpo_pilot.engine.sharding import all_reduce_sum
 
-        return all_reduce_sum(values, self.device)
+        return all_reduce_sum(values)
 
     @contextlib.contextmanager
     def _ref_on_device(self) -> Iterator[ScoredLogProbs]:
@@ -441,9 +485,8 @@ class Actor:
             global_num_tokens = num_tokens
         if global_num_seqs is None:
             global_num_seqs = len(samples)
-        sums: dict[str, float] = {}
-        weighted: dict[str, float] = {}
-        weight_total = 0.0
+        adv = to_device(advantages, dtype=torch.float32, device=self.device)  # once, not per micro-batch
+        sums = MetricSums()
         computed_total = real_total = 0
         for b in bins:
             mb = [samples[i] for i in b] if b else [DUMMY]
@@ -451,50 +494,22 @@ class Actor:
             flat_lp, flat_ent, computed, real = self.scorer(
                 mb, with_entropy=True, entropy_grad=loss.entropy_coeff != 0.0
             )
-            lps, ents = per_sample(flat_lp, mb), per_sample(flat_ent, mb) if flat_ent is not None else None
             if b:
                 computed_total += computed
                 real_total += real
-            width = max(len(s.response_ids) for s in mb)
-            lp = pad_rows(lps, width)
-            mask = pad_rows([torch.ones(len(s.response_ids), device=self.device) for s in mb], width)
-            truncated = torch.tensor([not trained[i] for i in b] if b else [True], device=self.device)
-            mask = mask_truncated(mask, truncated)
-            old = pad_rows([old_logprobs[i] for i in b], width) if old_logprobs is not None and b else lp.detach()
-            refs = None
-            if ref_logprobs is not None:
-                refs = pad_rows([ref_logprobs[i] for i in b], width) if b else lp.detach()
-            ent = pad_rows(ents, width) if ents is not None else None
-            if ent is not None and loss.entropy_coeff == 0.0:
-                ent = ent.detach()
-            adv = advantages[b].to(self.device) if b else torch.zeros(1, device=self.device)
-            total, metrics = policy_loss(
-                lp,
-                old,
-                adv,
-                mask,
-                loss_agg_mode=loss.loss_agg_mode,
-                clip_low=loss.clip_low,
-                clip_high=loss.clip_high,
-                clip_c=loss.clip_c,
-                ref_logprobs=refs,
-                kl_coef=loss.kl_coef,
-                kl_type=loss.kl_type,
-                ratio_level=loss.ratio_level,
-                entropy=ent,
-                entropy_coeff=loss.entropy_coeff,
-                loss_scale_len=loss.loss_scale_len,
-                global_num_tokens=max(global_num_tokens, 1),
-                global_num_seqs=max(global_num_seqs, 1),
+            rows = loss_rows(
+                mb,
+                [trained[i] for i in b] if b else [False],  # the dummy of an empty rank trains no token
+                flat_lp=flat_lp,
+                flat_ent=flat_ent if loss.entropy_coeff != 0.0 or flat_ent is None else flat_ent.detach(),
+                adv=adv.index_select(0, to_device(b, dtype=torch.long, device=self.device)) if b else adv.new_zeros(1),
+                old=torch.cat([old_logprobs[i] for i in b]) if old_logprobs is not None and b else None,
+                ref=torch.cat([ref_logprobs[i] for i in b]) if ref_logprobs is not None and b else None,
+                with_ref=ref_logprobs is not None,
             )
+            total, stats = micro_batch_loss(rows, loss, num_tokens=global_num_tokens, num_seqs=global_num_seqs)
             total.backward()
-            w = metrics.get("num_tokens", 0.0)
-            weight_total += w
-            for k, v in metrics.items():
-                if k in SUMMED_METRICS:
-                    sums[k] = sums.get(k, 0.0) + v
-                elif k not in ("num_tokens", "num_seqs", "ratio_min", "ratio_max"):
-                    weighted[k] = weighted.get(k, 0.0) + v * w
+            sums.add(stats)  # on the device: nothing is read back per micro-batch
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), st.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):  # DTensor (FSDP2): the global norm, replicated
             grad_norm = grad_norm.full_tensor()
@@ -505,19 +520,11 @@ class Actor:
             )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        sum_keys, weighted_keys = sorted(sums), sorted(weighted)
-        reduced = self._all_reduce_sum(
-            [sums[k] for k in sum_keys]
-            + [weighted[k] for k in weighted_keys]
-            + [weight_total, float(computed_total), float(real_total), float(num_tokens)]
-        )
-        out = dict(zip(sum_keys, reduced[: len(sum_keys)]))
-        weight_total, computed_total, real_total, total_tokens = reduced[-4:]
-        reduced_weighted = reduced[len(sum_keys) : len(sum_keys) + len(weighted_keys)]
-        if weight_total > 0:
-            out.update({k: v / weight_total for k, v in zip(weighted_keys, reduced_weighted)})
+        counts = to_device([float(computed_total), float(real_total), float(num_tokens)], dtype=torch.float64,
+                           device=self.device)  # fmt: skip
+        out = sums.read(counts, grad_norm, self._all_reduce_sum)  # the mini-batch's one host read
+        computed_total, real_total, total_tokens = out.pop("computed"), out.pop("real"), out.pop("tokens")
         out.update(
-            grad_norm=float(grad_norm),
             num_micro_batches=float(len(bins)),
             num_tokens=total_tokens,
             padding_frac=(computed_total - real_total) / computed_total if computed_total else 0.0,

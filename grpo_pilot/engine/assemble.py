@@ -242,6 +242,8 @@ def build_engine(
         threads=worker_threads(cfg, topology, device),
         cpu_memory=cfg.cpu_memory,
         memory_cap_bytes=cfg.memory_cap_bytes,
+        allocator=cfg.allocator,
+        release_cache=cfg.release_cache,
         actor=actor_settings(plan, cfg, loss),
         rollout=RolloutSettings(
             backend=backend,
@@ -253,6 +255,7 @@ def build_engine(
             enforce_eager=k.enforce_eager,
             kv_cache_bytes=kv_bytes,
             seed=cfg.seed,
+            hf_decode=cfg.hf_decode,
         ),
         topology=topology,
         workdir=str(Path(cfg.output_dir) / "workers"),
@@ -269,7 +272,12 @@ def build_engine(
         group=group,
         loss=loss,
         sampling=SamplingConfig(
-            temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new, stop=cfg.stop, seed=cfg.seed
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            max_new_tokens=max_new,
+            stop=cfg.stop,
+            seed=cfg.seed,
         ),
         n=w.n,
         prompts_per_step=w.prompts_per_step,

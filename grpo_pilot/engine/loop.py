@@ -47,6 +47,7 @@ from grpo_pilot.engine.checkpoint import (
     latest_checkpoint,
     restore_rng,
 )
+from grpo_pilot.engine.device_memory import allocator_report
 from grpo_pilot.engine.failures import CrashError, Interrupted, failure_record
 from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
 from grpo_pilot.engine.metrics import LiveDisplay
@@ -240,6 +241,8 @@ def grpo_step(eng: Engine, step: int) -> StepResult:
         "phase_s": {k: v.wall_s for k, v in phases.items()},
         "phase_peak_bytes": {k: v.peak_bytes for k, v in phases.items()},
         "phase_rss_peak_bytes": {k: v.rss_peak_bytes for k, v in phases.items()},
+        "phase_reserved_peak_bytes": {k: v.reserved_peak_bytes for k, v in phases.items()},
+        "phase_device_peak_bytes": {k: v.device_peak_bytes for k, v in phases.items()},
     }
     lengths = [
         {"step": step, "prompt_tokens": p, "response_tokens": r}
@@ -255,6 +258,14 @@ class RunResult:
     last_step: int
     profile: RunProfile
     last_record: dict[str, Any] | None
+
+
+def checkpoint_due(config: RunConfig, step: int) -> bool:
+    """Whether `step` ends with a checkpoint: every `checkpoint_every` steps and at the last one, unless
+    `checkpoint = false` (never)."""
+    if not config.checkpoint:
+        return False
+    return step == config.steps or bool(config.checkpoint_every and step % config.checkpoint_every == 0)
 
 
 def _seed_everything(seed: int) -> None:
@@ -391,7 +402,7 @@ def _run_locked(
                 size = rd.metrics.append(result.record)
                 live.update(result.record)
                 done.append(result)
-                if step == config.steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
+                if checkpoint_due(config, step):
                     state = {
                         "sampler": eng.sampler.state_dict(),
                         "config_hash": config_hash,
@@ -434,9 +445,16 @@ def _finish(
         shared_forwards=shared,
         steps_run=len(done),
         hf_replica=hf_replica,
+        rollout_weight_copy_bytes=max(i.rollout_weight_copy_bytes for i in eng.group.infos),
+        fused_adamw_on_gpu=any(i.device.startswith("cuda") for i in eng.group.infos if i.train_rank is not None)
+        and not eng.group.setup.actor.offload,
     )
     infos = eng.group.infos
     ranks = tuple(rank_profile(i.label, i.device, [r.worker_phases[i.index] for r in done]) for i in infos)
+    cfg = eng.config
+    allocator = allocator_report(
+        cfg.allocator, cfg.release_cache, device_type=infos[0].device.split(":")[0], conf=infos[0].alloc_conf
+    )
     lengths = [r.record["response_len_mean"] for r in done if r.record["response_len_mean"] is not None]
     profile = build_profile(
         plan,
@@ -448,6 +466,8 @@ def _finish(
         notes=notes,
         ranks=ranks,
         rollout_backend=rollout.backend,
+        allocator=allocator,
+        rollout_weight_copy_bytes=max(i.rollout_weight_copy_bytes for i in infos),
     )
     if done:  # a resume with nothing left to do keeps the previous profile.json
         write_profile_json(rd.path / "profile.json", profile)

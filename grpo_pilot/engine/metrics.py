@@ -182,8 +182,11 @@ def summary_table(profile: Any) -> Table:
         title=f"measured vs predicted on {profile.device}",
         caption=f"time: median of steps {_steps(profile.steps_measured)}; memory: {memory}",
     )
+    # CUDA: the device footprint (allocator reserve + context etc.) beside the plan's phase total
+    device = any(row.measured_device_peak_bytes is not None for row in profile.phases.values())
     table.add_column("phase", no_wrap=True)
-    for col in ("time", "plan", "err", "peak mem", "plan", "err", *(("rss",) if with_rss else ())):
+    device_cols = ("device", "plan total", "err") if device else ()
+    for col in ("time", "plan", "err", "peak mem", "plan", "err", *(("rss",) if with_rss else ()), *device_cols):
         table.add_column(col, justify="right", no_wrap=True)
     for name, row in profile.phases.items():
         mem = (
@@ -193,6 +196,11 @@ def summary_table(profile: Any) -> Table:
         )
         planned = (_bytes(mem[1]), _pct(mem[2])) if compared else ("—", "—")
         extra = (_bytes(row.measured_rss_peak_bytes),) if with_rss else ()
+        dev = (
+            (_bytes(row.measured_device_peak_bytes), _bytes(row.predicted_total_bytes), _pct(row.device_rel_error))
+            if device
+            else ()
+        )
         table.add_row(
             name,
             _secs(row.measured_wall_s),
@@ -201,9 +209,10 @@ def summary_table(profile: Any) -> Table:
             _bytes(mem[0]),
             *planned,
             *extra,
+            *dev,
         )
     s = profile.step
-    blank = ("",) * (4 if with_rss else 3)
+    blank = ("",) * (3 + (1 if with_rss else 0) + len(device_cols))
     table.add_row("step", _secs(s.measured_wall_s), _secs(s.predicted_wall_s), _pct(s.time_rel_error), *blank)
     return table
 

@@ -17,6 +17,8 @@ def run_notes(
     shared_forwards: int,
     steps_run: int,
     hf_replica: bool,
+    rollout_weight_copy_bytes: int = 0,
+    fused_adamw_on_gpu: bool = False,
 ) -> tuple[str, ...]:
     """Mismatches between the plan and this run (module docstring)."""
     notes: tuple[str, ...] = ()
@@ -47,6 +49,18 @@ def run_notes(
             f"update/log_prob: {shared_forwards} micro-batches computed each distinct prompt once (shared-prompt "
             "forward); the plan's time and activation figures assume every sequence computes its prompt, so they "
             "bound these phases from above",
+        )
+    if rollout_weight_copy_bytes:
+        notes += (
+            f"rollout/weight_sync: the hf rollout decoded from a bf16 copy of the weights "
+            f"({rollout_weight_copy_bytes / 2**30:.2f} GiB, held from the weight sync to the end of the rollout); the "
+            "plan's rollout and weight_sync phases do not count it",
+        )
+    items = plan.phases["update"].items if "update" in plan.phases else {}
+    if fused_adamw_on_gpu and items.get("optimizer_step_temporaries"):
+        notes += (
+            "update: AdamW ran the fused kernel (no step temporaries); the plan counts the foreach kernel's "
+            f"{items['optimizer_step_temporaries'] / 2**30:.2f} GiB at the optimizer step",
         )
     if steps_run == 1:
         notes += ("only one step ran in this process: its numbers include warm-up",)

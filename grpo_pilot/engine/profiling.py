@@ -5,7 +5,9 @@ entered several times in one step (DAPO refill rounds) sums its wall time and ke
 
 Peak memory, by device, always labelled with where it comes from:
 - cuda: `torch.cuda.reset_peak_memory_stats()` at phase start, `torch.cuda.max_memory_allocated()` at
-  the end — tensor bytes of this process (no CUDA context, NCCL or allocator slack).
+  the end — tensor bytes of this process (no CUDA context, NCCL or allocator slack); beside it the
+  allocator's peak reserve (`max_memory_reserved`) and the device footprint (that reserve plus what the
+  device holds outside the allocator, from `mem_get_info`: engine/device_memory.py), what nvidia-smi shows.
 - cpu, "tensors": `LiveTensorBytes`, a `TorchDispatchMode` that sees every aten op's outputs and
   counts the bytes of each distinct live storage (freed storages are subtracted through weakref
   finalizers). It starts from every tensor alive when it is installed (a `gc` scan), so model
@@ -38,8 +40,12 @@ from typing import Any, Iterator
 
 from pydantic import Field
 
-from grpo_pilot.planner.rules import RUN_PHASES
+from grpo_pilot.engine.device_memory import AllocatorReport, cuda_phase_peaks
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.rules import RUN_PHASES
+
+
+PEAK_FIELDS = ("peak_bytes", "rss_peak_bytes", "reserved_peak_bytes", "device_peak_bytes")  # maxima, never sums
 
 
 class PhaseSample(Frozen):
@@ -48,6 +54,8 @@ class PhaseSample(Frozen):
     wall_s: float
     peak_bytes: int | None = None
     rss_peak_bytes: int | None = None
+    reserved_peak_bytes: int | None = None  # CUDA: torch.cuda.max_memory_reserved
+    device_peak_bytes: int | None = None  # CUDA: the device footprint (engine/device_memory.py)
 
 
 def _tensor_tracker_class() -> type:
@@ -233,13 +241,22 @@ class PhaseProfiler:
             if self.is_cuda:
                 torch.cuda.synchronize(self.device)
             wall = time.perf_counter() - t0
-            peak: int | None = None
+            peak = reserved = footprint = None
             if self.is_cuda:
-                peak = int(torch.cuda.max_memory_allocated(self.device))
+                peak, reserved, footprint = cuda_phase_peaks(self.device)
             elif self._tracker is not None:
                 peak = int(self._tracker.peak_bytes)
             rss = self._rss.peak_bytes() if self._rss is not None else None
-            self._record(name, PhaseSample(wall_s=wall, peak_bytes=peak, rss_peak_bytes=rss))
+            self._record(
+                name,
+                PhaseSample(
+                    wall_s=wall,
+                    peak_bytes=peak,
+                    rss_peak_bytes=rss,
+                    reserved_peak_bytes=reserved,
+                    device_peak_bytes=footprint,
+                ),
+            )
 
     def _record(self, name: str, sample: PhaseSample) -> None:
         old = self.current.get(name)
@@ -252,8 +269,7 @@ class PhaseProfiler:
 
         self.current[name] = PhaseSample(
             wall_s=old.wall_s + sample.wall_s,
-            peak_bytes=top(old.peak_bytes, sample.peak_bytes),
-            rss_peak_bytes=top(old.rss_peak_bytes, sample.rss_peak_bytes),
+            **{key: top(getattr(old, key), getattr(sample, key)) for key in PEAK_FIELDS},
         )
 
 
@@ -281,6 +297,17 @@ class PhaseComparison(Frozen):
     rss_rel_error: float | None = Field(
         default=None,
         description="Process peak RSS vs the plan's phase total (which carries the process overhead item).",
+    )
+    measured_reserved_peak_bytes: int | None = Field(
+        default=None, description="CUDA: the caching allocator's peak reserve (torch.cuda.max_memory_reserved)."
+    )
+    measured_device_peak_bytes: int | None = Field(
+        default=None,
+        description="CUDA: the device footprint, the reserve plus the device memory outside the allocator "
+        "(cudaMemGetInfo; what nvidia-smi shows).",
+    )
+    device_rel_error: float | None = Field(
+        default=None, description="Device footprint vs the plan's phase total (overheads included)."
     )
 
 
@@ -323,6 +350,15 @@ class RunProfile(Frozen):
     ranks: tuple[RankProfile, ...] = Field(
         default=(), description="Each worker's own phases (phases above: slowest time, largest peak over these)."
     )
+    allocator: AllocatorReport | None = Field(
+        default=None, description="The CUDA allocator setting and cache-release policy of the run."
+    )
+    rollout_weight_copy_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="The hf rollout's bf16 copy of the weights (CUDA), held from the weight sync to the end of the "
+        "rollout and counted in those phases' measured peaks; the plan's phases do not include it.",
+    )
     notes: tuple[str, ...] = ()
 
 
@@ -357,19 +393,22 @@ def aggregate_phases(
             continue
         out[name] = PhaseSample(
             wall_s=max(x.wall_s for x in ran) if ran else driver_walls[name],
-            peak_bytes=top([x.peak_bytes for x in ran]),
-            rss_peak_bytes=top([x.rss_peak_bytes for x in ran]),
+            **{key: top([getattr(x, key) for x in ran]) for key in PEAK_FIELDS},
         )
     return out
 
 
 def _measured(samples: list[PhaseSample]) -> PhaseComparison:
-    peaks = [x.peak_bytes for x in samples if x.peak_bytes is not None]
-    rss = [x.rss_peak_bytes for x in samples if x.rss_peak_bytes is not None]
+    def top(key: str) -> int | None:
+        known = [getattr(x, key) for x in samples if getattr(x, key) is not None]
+        return max(known) if known else None
+
     return PhaseComparison(
         measured_wall_s=_median([x.wall_s for x in samples]),
-        measured_peak_bytes=max(peaks) if peaks else None,
-        measured_rss_peak_bytes=max(rss) if rss else None,
+        measured_peak_bytes=top("peak_bytes"),
+        measured_rss_peak_bytes=top("rss_peak_bytes"),
+        measured_reserved_peak_bytes=top("reserved_peak_bytes"),
+        measured_device_peak_bytes=top("device_peak_bytes"),
     )
 
 
@@ -395,6 +434,8 @@ def build_profile(
     notes: tuple[str, ...] = (),
     ranks: tuple[RankProfile, ...] = (),
     rollout_backend: str | None = None,
+    allocator: AllocatorReport | None = None,
+    rollout_weight_copy_bytes: int = 0,
 ) -> RunProfile:
     """Pure: `steps` = [(step, phase samples aggregated over workers, step wall s, trained tokens)] of this
     process, in order; `ranks` = each worker's own profile (`rank_profile`).
@@ -433,6 +474,7 @@ def build_profile(
                 "predicted_total_bytes": pred_total,
                 "memory_rel_error": None if not_compared else _rel(got.measured_peak_bytes, pred_tensor),
                 "rss_rel_error": None if not_compared else _rel(got.measured_rss_peak_bytes, pred_total),
+                "device_rel_error": None if not_compared else _rel(got.measured_device_peak_bytes, pred_total),
             }
         )
     step_wall = _median([s[2] for s in measured])
@@ -457,5 +499,7 @@ def build_profile(
         memory_not_compared=not_compared,
         num_workers=max(1, len(ranks)),
         ranks=ranks,
+        allocator=allocator,
+        rollout_weight_copy_bytes=rollout_weight_copy_bytes,
         notes=notes,
     )

@@ -55,6 +55,7 @@ NOT_HASHED: frozenset[str] = frozenset(
     {
         "steps",
         "output_dir",
+        "checkpoint",
         "checkpoint_every",
         "keep_checkpoints",
         "resume",
@@ -64,6 +65,9 @@ NOT_HASHED: frozenset[str] = frozenset(
         "user_code_timeout_s",
         "allow_unsandboxed_code",
         "memory_cap_bytes",
+        "allocator",
+        "release_cache",
+        "hf_decode",
     }
 )
 
@@ -127,7 +131,16 @@ class RunConfig(Frozen):
     max_new_tokens: int | None = Field(
         default=None, ge=1, le=2**31 - 1, description="Response cap; None = plan response_len_tokens."
     )
+    top_k: int = Field(
+        default=0, ge=0, le=2**31 - 1, description="Sample from the k most likely tokens (before top_p); 0 = off."
+    )
     stop: tuple[str, ...] = Field(default=(), description="Stop strings (EOS always stops).")
+    hf_decode: Literal["auto", "eager", "static", "cuda_graph"] = Field(
+        default="auto",
+        description="hf rollout decode loop: eager (per-token host checks, finished rows compacted), static "
+        "(preallocated cache, fixed shapes, bf16 weight copy on CUDA, no per-token host sync), cuda_graph (static, "
+        "each step replayed as a CUDA graph; CUDA only); auto = cuda_graph on CUDA, eager on CPU.",
+    )
 
     # loss (GRPO family; grpo.md)
     adv_scale: Literal["group", "batch", "none"] = Field(
@@ -180,6 +193,10 @@ class RunConfig(Frozen):
     # run management
     output_dir: str = Field(default="runs/grpo", description="Metrics, profile.json and checkpoints go here.")
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seeds model init, data order and sampling.")
+    checkpoint: bool = Field(
+        default=True,
+        description="Write checkpoints (false: never, not even at the last step; such a run cannot be resumed).",
+    )
     checkpoint_every: int = Field(
         default=50, ge=0, le=MAX_STEPS, description="Checkpoint every N steps (0 = only at the end)."
     )
@@ -198,6 +215,16 @@ class RunConfig(Frozen):
     cpu_memory: Literal["tensors", "rss"] = Field(
         default="tensors",
         description="CPU peak memory per phase: live tensor bytes (dispatch tracker) or process RSS only.",
+    )
+    allocator: Literal["expandable", "default"] = Field(
+        default="expandable",
+        description="CUDA caching allocator: expandable (expandable_segments:True) or default (the environment's "
+        "PYTORCH_CUDA_ALLOC_CONF as it is); no-op on CPU. engine/device_memory.py.",
+    )
+    release_cache: Literal["verl", "after_rollout", "never"] = Field(
+        default="verl",
+        description="Where torch.cuda.empty_cache() runs: verl (before and after the weight sync, after the rollout), "
+        "after_rollout, or never; no-op on CPU.",
     )
     memory_cap_bytes: int | None = Field(
         default=None,

@@ -2,7 +2,7 @@
 
     ensure_process_group(world_size, device)     world 1: a private one-process group when none exists
     shard(root, model, device=, offload=, train=) fully_shard each decoder layer, then the root
-    all_reduce_max(value, device) / all_reduce_sum(values, device)
+    all_reduce_max(value, device) / all_reduce_sum(values)
 
 The training ranks are the default torch.distributed group of their processes (engine/workers.py
 starts it: gloo on CPU, NCCL on GPU). An in-process vLLM engine then joins that group instead of
@@ -18,7 +18,12 @@ FSDP2 settings (torch >= 2.6 `fully_shard`):
   parameters, gradients and optimizer states all live on the host and the optimizer step runs there
   (pinned memory on CUDA only; engine/notes.py says so when the plan offloads only one of them);
 - gradients are summed across ranks, not averaged (divide factor 1, SUM reductions; gloo has no
-  PREMUL_SUM): the actor's losses already divide by the whole mini-batch's token/sequence counts.
+  PREMUL_SUM): the actor's losses already divide by the whole mini-batch's token/sequence counts;
+- each layer prefetches the next one's all-gather in forward (`set_modules_to_forward_prefetch`, FSDP2's
+  explicit prefetching): the next layer's unshard — with offload its host-to-device copy of the pinned
+  shards — is issued when this layer's starts, so it overlaps this layer's compute instead of waiting for
+  the CPU to reach the next pre-forward hook. Backward prefetches one layer by default. At most two
+  layers are gathered at a time, as the planner's `gathered_layers` item counts.
 """
 
 from __future__ import annotations
@@ -103,9 +108,12 @@ def shard(
     }
     if mp is not None:
         kwargs["mp_policy"] = mp
-    for layer in decoder_layers(model):
+    layers = decoder_layers(model)
+    for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(root, **kwargs)
+    for current, following in zip(layers, layers[1:]):
+        current.set_modules_to_forward_prefetch([following])  # type: ignore[operator]
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -120,9 +128,9 @@ def all_reduce_max(value: int, device: torch.device) -> int:
     return int(t.item())
 
 
-def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """`values` summed over the ranks, in place on their device (no host read: the caller reads once)."""
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.tolist()
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values

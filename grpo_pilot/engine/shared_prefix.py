@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from grpo_pilot.engine.host_copy import to_device
 from grpo_pilot.engine.rollout.llama_step import unsupported_reason
 
 
@@ -104,8 +105,8 @@ def prefix_batch(
         targets.extend(int(t) for t in r)
     real = sum(len(p) for p in unique) + sum(len(r) - 1 for r in responses)
 
-    def put(x: Any, dtype: torch.dtype = torch.long) -> Tensor:
-        return torch.as_tensor(x, dtype=dtype).to(device)
+    def put(x: Any, dtype: torch.dtype = torch.long) -> Tensor:  # no host wait on CUDA (engine/host_copy.py)
+        return to_device(torch.as_tensor(x, dtype=dtype), dtype=dtype, device=device)
 
     return PrefixBatch(
         prompt_ids=put(prompt_rows).view(len(unique), width_p),

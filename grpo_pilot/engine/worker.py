@@ -44,6 +44,7 @@ class RolloutSettings(Frozen):
     enforce_eager: bool = True
     kv_cache_bytes: int | None = Field(default=None, ge=1)
     seed: int = 0
+    hf_decode: Literal["auto", "eager", "static", "cuda_graph"] = "auto"
 
 
 class WorkerSetup(Frozen):
@@ -58,6 +59,8 @@ class WorkerSetup(Frozen):
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads of the worker.")
     cpu_memory: Literal["tensors", "rss"] = "tensors"
     memory_cap_bytes: int | None = Field(default=None, ge=1)
+    allocator: Literal["expandable", "default"] = "expandable"
+    release_cache: Literal["verl", "after_rollout", "never"] = "verl"
     actor: ActorSettings
     rollout: RolloutSettings
     topology: Topology
@@ -78,6 +81,8 @@ class WorkerInfo(Frozen):
     rollout_rank: int | None = None
     memory_source: str = Field(description="Where its measured peaks come from (engine/profiling.py).")
     rss_source: str | None = None
+    alloc_conf: str | None = Field(default=None, description="PYTORCH_CUDA_ALLOC_CONF in effect in its process.")
+    rollout_weight_copy_bytes: int = Field(default=0, ge=0, description="Its hf rollout's bf16 weight copy.")
 
 
 def free_address() -> tuple[str, int]:
@@ -127,6 +132,7 @@ class Worker:
 
         from grpo_pilot.engine.actor import Actor
         from grpo_pilot.engine.assemble import pick_device
+        from grpo_pilot.engine.device_memory import apply_allocator
         from grpo_pilot.engine.model_factory import build_model, build_tokenizer
         from grpo_pilot.engine.profiling import PhaseProfiler
 
@@ -134,6 +140,7 @@ class Worker:
         if st.threads is not None:
             torch.set_num_threads(st.threads)
         self.device = pick_device(st.device)
+        alloc_conf = apply_allocator(st.allocator, self.device)  # before this worker's first CUDA allocation
         if spec.trains and topo.train_world > 1:
             self._join_group(train_master, spec.train_rank or 0, topo.train_world)
         elif spec.rolls_out and topo.rollout_group:
@@ -163,6 +170,10 @@ class Worker:
             rollout_rank=spec.rollout_rank,
             memory_source=self.profiler.memory_source,
             rss_source=self.profiler.rss_source,
+            alloc_conf=alloc_conf,
+            rollout_weight_copy_bytes=self.rollout.weight_copy_bytes(self.device)
+            if hasattr(self.rollout, "weight_copy_bytes")
+            else 0,
         )
 
     def _join_group(self, master: tuple[str, int] | None, rank: int, world: int) -> None:
@@ -204,6 +215,7 @@ class Worker:
             kv_cache_bytes=r.kv_cache_bytes,
             seed=r.seed,
             workdir=Path(st.workdir) / f"worker-{self.spec.index}",
+            hf_decode=r.hf_decode,
         )
         if r.backend == "hf":
             rollout.shares_policy = on_policy
@@ -256,14 +268,23 @@ class Worker:
     def end_step(self) -> dict[str, Any]:
         return self.profiler.end_step()
 
+    def _release(self, point: str) -> None:
+        """The run's cache-release policy at `point` (engine/device_memory.py)."""
+        from grpo_pilot.engine.device_memory import release_cache
+
+        release_cache(self.setup.release_cache, point, self.device)
+
     def sync_weights(self) -> None:
-        """Colocated: gather the trainer's weights bucket by bucket into this worker's own rollout engine."""
+        """Colocated: gather the trainer's weights bucket by bucket into this worker's own rollout engine (or,
+        generating on the trainer's module, refresh the rollout's bf16 copy of it)."""
         from grpo_pilot.engine.weight_sync import bucket_bytes, buckets, full_weights, stream
 
+        self._release("before_weight_sync")  # before the phase: its peaks start from the released cache
         with self._phase("weight_sync"):
             self.rollout.wake()
             if not self.rollout.shares_policy:
                 self.rollout.sync_weights(stream(buckets(full_weights(self.actor.policy), bucket_bytes())))
+            self._release("after_weight_sync")
 
     def publish_weights(self) -> list[Any]:
         """Split, on training ranks: take part in every gather; rank 0 puts each bucket into the object store."""
@@ -272,19 +293,23 @@ class Worker:
         from grpo_pilot.engine.weight_sync import bucket_bytes, buckets, full_weights, to_host
 
         refs = []
+        self._release("before_weight_sync")
         with self._phase("weight_sync"):
             for bucket in buckets(full_weights(self.actor.policy), bucket_bytes()):
                 if self.spec.train_rank == 0:
                     refs.append(ray.put(to_host(bucket)))
+            self._release("after_weight_sync")
         return refs
 
     def receive_weights(self, refs: list[Any]) -> None:
         """Split, on rollout workers: load the published buckets one at a time."""
         from grpo_pilot.engine.weight_sync import from_object_store, stream
 
+        self._release("before_weight_sync")
         with self._phase("weight_sync"):
             self.rollout.wake()
             self.rollout.sync_weights(stream(from_object_store(refs)))
+            self._release("after_weight_sync")
 
     def generate(self, prompt_ids: list[list[int]], sampling: Any) -> list[Any]:
         with self._phase("rollout"):
@@ -293,6 +318,7 @@ class Worker:
     def sleep_rollout(self) -> None:
         with self._phase("rollout"):
             self.rollout.sleep()
+            self._release("after_rollout")
 
     def log_probs(self, samples: list[Any], ref: bool = False) -> list[Any]:
         with self._phase("log_prob"):

@@ -1,4 +1,5 @@
-"""Run one trial: `grpo-run trialplan.json --config run.toml --steps K --out TRIALDIR -q` as a subprocess.
+"""Run one trial: `grpo-run trialplan.json --config run.toml --steps K --out TRIALDIR -q --force --no-checkpoint`
+as a subprocess.
 
 The engine writes, in TRIALDIR: `profile.json` (per-phase medians of every step but the first, beside
 the plan's prediction), `metrics.jsonl` (one record per step) and, when it fails (exit status 1),
@@ -15,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -138,8 +138,10 @@ class SubprocessRunner:
 
     def argv(self, request: TrialRequest) -> list[str]:
         args = [request.plan_path, "--config", request.config_path, "--steps", str(request.steps)]
-        # --force: the tuner measures what the planner doubts (its own pruning already decided to run it)
-        args += ["--out", request.out_dir, "-q", "--force"]
+        # --force: the tuner measures what the planner doubts (its own pruning already decided to run it);
+        # --no-checkpoint: a trial is never resumed, so it writes none (a 3B model's end-of-run checkpoint is
+        # 36 GB of fp32 weights and Adam states, and its write time is not part of what a trial measures)
+        args += ["--out", request.out_dir, "-q", "--force", "--no-checkpoint"]
         for key, value in request.settings.items():
             args += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
         return self.command + args
@@ -297,8 +299,3 @@ def read_outcome(out: Path, *, returncode: int | None, wall_s: float, forced: Fa
         wall_s=wall_s,
         **profile,
     )
-
-
-def drop_checkpoints(out: str | Path) -> None:
-    """A trial's checkpoints are never resumed; the engine always writes one at its last step."""
-    shutil.rmtree(Path(out) / "checkpoints", ignore_errors=True)

@@ -42,7 +42,7 @@ from grpo_pilot.tuner.prior import (
     seed_points,
 )
 from grpo_pilot.tuner.records import RECORD_ATTR, Source, TrialRecord, build_record
-from grpo_pilot.tuner.runner import TrialOutcome, TrialRequest, TrialRunner, drop_checkpoints
+from grpo_pilot.tuner.runner import TrialOutcome, TrialRequest, TrialRunner
 from grpo_pilot.tuner.space import TuneSpace, grid, knobs_at, params_of, point_key
 from grpo_pilot.tuner.versions import gpu_kind, software_versions
 
@@ -210,7 +210,6 @@ class Sweep:
             settings=settings,
         )
         outcome = self.runner.run(request)
-        drop_checkpoints(request.out_dir)
         return self._record(number, source, params, plan, outcome, trial_dir=str(trial_dir))
 
     def _record(

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import grpo_pilot.engine.actor as actor_module
-from grpo_pilot.engine.actor import Actor, LossSettings, Sample, micro_batch_layout, pad_rows
+from grpo_pilot.engine.actor import Actor, LossSettings, Sample, micro_batch_layout
 from grpo_pilot.engine.micro_batches import plan_micro_batches, split_by_padding
 from grpo_pilot.engine.model_factory import build_model
 from grpo_pilot.engine.settings import ActorSettings
@@ -89,11 +89,6 @@ def test_split_by_padding_cuts_only_where_it_saves_more_than_two_rows():
     assert [i for part in parts for i in part] == order  # consecutive, nothing lost
     assert sum(len(part) * lengths[part[0]] for part in parts) < 40 * 40
     assert plan_micro_batches(lengths, padded=True, split_padding=True) == parts
-
-
-def test_pad_rows():
-    out = pad_rows([torch.tensor([1.0, 2.0]), torch.tensor([3.0])], 3)
-    assert out.tolist() == [[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]
 
 
 def test_layout_follows_the_attention_implementation():
@@ -267,3 +262,56 @@ def test_state_dict_roundtrip_restores_policy_and_optimizer():
     assert ma["grad_norm"] == pytest.approx(mb["grad_norm"], rel=1e-6)
     for (n, p), q in zip(a.policy.named_parameters(), b.policy.parameters()):
         torch.testing.assert_close(p, q, atol=0, rtol=0)
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts reads of tensor values by the host: `.item()`, `float()`, `int()`, `bool()` (aten._local_scalar_dense)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("with_ref", [False, True])
+def test_update_reads_back_once_whatever_the_number_of_micro_batches(monkeypatch, with_ref):
+    # metrics accumulate on the device; the mini-batch's one transfer is a .tolist() at the end (beside the
+    # optimizer's own bookkeeping, which does not depend on the micro-batches either)
+    samples = make_samples(4)
+    adv = torch.linspace(-1.0, 1.0, len(samples))
+    loss = LossSettings(kl_coef=0.01 if with_ref else 0.0, entropy_coeff=0.01)
+    tolists = []
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: (tolists.append(self.numel()), real_tolist(self))[1])
+    reads, metrics = [], []
+    for micro in (len(samples), 1):
+        actor = make_actor(ActorSettings(micro_batch_size=micro, gradient_checkpointing=False), with_ref=with_ref)
+        old = actor.log_probs(samples)
+        ref = actor.log_probs(samples, ref=True) if with_ref else None
+        tolists.clear()
+        with _HostReads() as counter:
+            metrics.append(actor.update(samples, adv, loss, old_logprobs=old, ref_logprobs=ref))
+        reads.append((counter.count, len(tolists)))
+    assert metrics[0]["num_micro_batches"] <= 2 and metrics[1]["num_micro_batches"] == len(samples)
+    assert reads[0] == reads[1] and reads[0][1] == 1, reads
+    assert metrics[1]["loss"] == pytest.approx(metrics[0]["loss"], abs=1e-6)
+    assert metrics[1]["entropy"] == pytest.approx(metrics[0]["entropy"], rel=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("train", [False, True])
+def test_padded_hidden_is_the_decoders_own_forward(model_type, train):
+    from grpo_pilot.engine.actor import padded_hidden
+    from tiny_models import tiny
+
+    model = tiny(model_type)
+    if train:  # checkpointed layers in train mode, as the update runs them
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+    ids = torch.randint(2, 100, (3, 11), generator=torch.Generator().manual_seed(0))
+    theirs = model.model(input_ids=ids, use_cache=False).last_hidden_state
+    torch.testing.assert_close(padded_hidden(model, ids), theirs, atol=0, rtol=0)

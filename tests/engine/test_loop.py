@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
+from grpo_pilot.engine.loop import checkpoint_due, run, sampling_seed
 from grpo_pilot.planner.plan import Plan
-from grpo_pilot.engine.loop import run, sampling_seed
 from grpo_pilot.engine.run_config import RunConfig
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.plan import load_plan
@@ -65,6 +65,12 @@ def test_run_writes_metrics_profile_and_final_checkpoint(tmp_path):
         # one on-policy update: no log-prob pass ran, so no worker measured that phase's memory
         assert (row["measured_peak_bytes"] is None) == (phase == "log_prob")
         assert phase == "log_prob" or row["measured_peak_bytes"] > 0
+    # CPU: the CUDA allocator settings are recorded as no-ops; no bf16 rollout copy; no device figures
+    assert profile["allocator"]["setting"] == "expandable" and profile["allocator"]["release_cache"] == "verl"
+    assert profile["allocator"]["applies"].startswith("no-op on cpu") and profile["allocator"]["release_points"] == []
+    assert profile["rollout_weight_copy_bytes"] == 0
+    assert profile["phases"]["update"]["measured_device_peak_bytes"] is None
+    assert all(v is None for v in rows[-1]["phase_device_peak_bytes"].values())
     (rank,) = profile["ranks"]
     assert rank["worker"] == "worker 0 (trainer+rollout)" and profile["num_workers"] == 1
     assert rank["phases"]["update"]["measured_peak_bytes"] == profile["phases"]["update"]["measured_peak_bytes"]
@@ -121,6 +127,14 @@ def test_every_group_dropped_skips_the_update(tmp_path):
     )
     (r,) = read_metrics(tmp_path)
     assert r["num_groups"] == 0 and r["num_updates"] == 0 and r["rollout_rounds"] == 2 and r["dropped_groups"] == 16
+
+
+def test_checkpoint_schedule_and_checkpoint_false(tmp_path):
+    due = [s for s in range(1, 8) if checkpoint_due(config(tmp_path, steps=7, checkpoint_every=3), s)]
+    assert due == [3, 6, 7]
+    assert [s for s in range(1, 8) if checkpoint_due(config(tmp_path, steps=7, checkpoint_every=0), s)] == [7]
+    never = config(tmp_path, steps=7, checkpoint_every=1, checkpoint=False)
+    assert not any(checkpoint_due(never, s) for s in range(1, 8))
 
 
 def test_sampling_seed_differs_per_step_and_round():
@@ -251,3 +265,31 @@ def test_notes_say_when_the_run_offloads_more_than_the_plan():
     assert not any(n.startswith("offload:") for n in run_notes(plan, **kw))
     (note,) = [n for n in run_notes(one, **kw) if n.startswith("offload:")]
     assert "only optimizer_offload" in note and "all three" in note
+
+
+def test_static_decode_runs_the_same_steps_as_the_eager_one(tmp_path):
+    # hf_decode = static through the whole engine (weight sync's wake, rollout, sleep): the same completions, so
+    # the same rewards and lengths, step after step
+    eager = run(tiny_plan(), config(tmp_path / "e", steps=2, hf_decode="eager", checkpoint=False), quiet=True)
+    static = run(tiny_plan(), config(tmp_path / "s", steps=2, hf_decode="static", checkpoint=False), quiet=True)
+    assert eager.last_record is not None and static.last_record is not None
+    for key in ("reward_mean", "response_len_mean", "response_len_max", "trained_tokens"):
+        assert static.last_record[key] == eager.last_record[key], key
+    lengths = [(tmp_path / d / "run" / "lengths.jsonl").read_text() for d in ("e", "s")]
+    assert lengths[0] == lengths[1]
+
+
+def test_notes_name_the_bf16_rollout_copy_and_the_fused_adamw():
+    from grpo_pilot.engine.notes import run_notes
+
+    plan = tiny_plan()
+    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3, hf_replica=False)
+    assert run_notes(plan, **kw, rollout_weight_copy_bytes=0, fused_adamw_on_gpu=True) == run_notes(plan, **kw)
+    (copy_note,) = [n for n in run_notes(plan, **kw, rollout_weight_copy_bytes=3 << 29) if "bf16 copy" in n]
+    assert "1.50 GiB" in copy_note
+    update = plan.phases["update"]
+    with_step = update.model_copy(update={"items": {**update.items, "optimizer_step_temporaries": 1 << 30}})
+    at_step = plan.model_copy(update={"phases": {**plan.phases, "update": with_step}})
+    (note,) = [n for n in run_notes(at_step, **kw, fused_adamw_on_gpu=True) if n.startswith("update: AdamW")]
+    assert "1.00 GiB" in note
+    assert not any(n.startswith("update: AdamW") for n in run_notes(at_step, **kw, fused_adamw_on_gpu=False))

@@ -105,3 +105,25 @@ def test_memory_of_another_rollout_backend_is_not_compared():
     assert "1.45 GiB" in text and "900.0 MiB" in text  # the tracker's allocation beside the resident set
     same = build_profile(plan, steps, device="cpu", memory_source="live tensor bytes", rollout_backend="hf")
     assert same.memory_compared and same.phases["update"].memory_rel_error is not None
+
+
+def test_cuda_profile_compares_the_device_footprint_with_the_plans_total():
+    from rich.console import Console
+
+    from grpo_pilot.engine.metrics import summary_table
+
+    plan = load_plan("examples/tiny/plan.json")
+    total = plan.phases["update"].total_bytes
+
+    def step(i):
+        sample = PhaseSample(wall_s=0.1, peak_bytes=100, reserved_peak_bytes=150, device_peak_bytes=total * 11 // 10)
+        return (i, {"update": sample}, 0.2, 1000.0)
+
+    prof = build_profile(plan, [step(1), step(2)], device="cuda:0", memory_source="torch.cuda.max_memory_allocated")
+    up = prof.phases["update"]
+    assert (up.measured_reserved_peak_bytes, up.measured_device_peak_bytes) == (150, total * 11 // 10)
+    assert up.device_rel_error == pytest.approx((total * 11 // 10) / total - 1)
+    console = Console(width=200, record=True)
+    console.print(summary_table(prof))
+    text = console.export_text()
+    assert "device" in text and "plan total" in text and "+10" in text

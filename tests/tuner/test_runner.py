@@ -150,7 +150,7 @@ def test_failure_through_the_subprocess_and_the_argv(tmp_path, monkeypatch):
     argv = json.loads((tmp_path / "trial" / "argv.json").read_text())
     assert argv == [
         "p.json", "--config", "c.toml", "--steps", "3", "--out", str(tmp_path / "trial"), "-q", "--force",
-        "--set", "memory_cap_bytes=8000000", "--set", "cpu_memory=tensors",
+        "--no-checkpoint", "--set", "memory_cap_bytes=8000000", "--set", "cpu_memory=tensors",
     ]  # fmt: skip
     assert "engine: out of memory" in (tmp_path / "trial" / "grpo-run.log").read_text()
 
@@ -188,3 +188,26 @@ def test_a_killed_tuner_takes_its_trial_with_it(tmp_path, monkeypatch):
     parent.wait()
     assert _wait_dead(engine)  # the trial's process dies with the tuner
     os.kill(worker, signal.SIGKILL)  # its own workers are the engine's to stop; clean up here
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+
+
+def test_a_real_trial_writes_no_checkpoint_and_leaves_none_behind(tmp_path):
+    # the real grpo-run on the tiny example, as the sweep runs it: the run config asks for a checkpoint every step,
+    # and the trial still writes none (a trial is never resumed)
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'dataset = "{EXAMPLE / "prompts.jsonl"}"\nreward = "char_fraction:char=a"\nthreads = 1\n'
+        "checkpoint_every = 1\nmax_new_tokens = 4\n"
+    )
+    request = TrialRequest(
+        plan_path=str(EXAMPLE / "plan.json"), config_path=str(config), out_dir=str(tmp_path / "trial"), steps=2,
+        timeout_s=600.0, settings={"cpu_memory": "rss"},
+    )  # fmt: skip
+    out = SubprocessRunner().run(request)
+    assert out.status == "ok", out.failure
+    assert out.steps_measured == (2,)
+    assert (tmp_path / "trial" / "metrics.jsonl").read_text().count("\n") == 2
+    assert not (tmp_path / "trial" / "checkpoints").exists()
+    assert json.loads((tmp_path / "trial" / "run_config.json").read_text())["checkpoint"] is False

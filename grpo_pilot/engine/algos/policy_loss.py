@@ -28,7 +28,7 @@ On-policy (one update per rollout batch, old = logprobs.detach()): ρ ≡ 1, so 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -95,6 +95,31 @@ def _check_shapes(
 
 
 def policy_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **settings: Any
+) -> tuple[Tensor, dict[str, float]]:
+    """Scalar loss to back-propagate and metrics (python floats) for one (micro-)batch: `policy_loss_terms` with its
+    statistics read back to the host in one transfer.
+
+    Metrics: `loss`, `pg_loss`, `kl_loss`/`kl` (with `ref_logprobs`), `entropy_loss`/`entropy` (with
+    `entropy`) are this call's terms under the given denominators — with global denominators they sum
+    over micro-batches to the mini-batch value; `kl` and `entropy` are token means over this call's
+    mask. `clipfrac` (tokens where the clipped branch is taken, verl's pg_clipfrac), `clipfrac_low` /
+    `clipfrac_high` (ρ below/above the clip range with Â of the sign that clips, TRL's clip_ratio),
+    `clipfrac_dual` (dual clip active), `ratio_mean` / `ratio_min` / `ratio_max`, `approx_kl`
+    (token mean of log π_old − log π_θ, verl's ppo_kl), `num_tokens`, `num_seqs` are statistics of this
+    call (token means; weight them by `num_tokens` to combine micro-batches).
+    """
+    total, stats = policy_loss_terms(logprobs, old_logprobs, advantages, mask, **settings)
+    names = list(stats)
+    values = torch.stack([stats[k].to(torch.float64).reshape(()) for k in names]).tolist()  # one host sync
+    metrics = dict(zip(names, values))
+    if metrics["num_tokens"] == 0:  # no token: extremes are undefined
+        metrics.pop("ratio_min")
+        metrics.pop("ratio_max")
+    return total, metrics
+
+
+def policy_loss_terms(
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
@@ -114,18 +139,10 @@ def policy_loss(
     global_num_tokens: int | float | Tensor | None = None,
     global_num_seqs: int | float | Tensor | None = None,
     log_ratio_clamp: float | None = VERL_LOG_RATIO_CLAMP,
-) -> tuple[Tensor, dict[str, float]]:
-    """Scalar loss to back-propagate and metrics (python floats) for one (micro-)batch.
-
-    Metrics: `loss`, `pg_loss`, `kl_loss`/`kl` (with `ref_logprobs`), `entropy_loss`/`entropy` (with
-    `entropy`) are this call's terms under the given denominators — with global denominators they sum
-    over micro-batches to the mini-batch value; `kl` and `entropy` are token means over this call's
-    mask. `clipfrac` (tokens where the clipped branch is taken, verl's pg_clipfrac), `clipfrac_low` /
-    `clipfrac_high` (ρ below/above the clip range with Â of the sign that clips, TRL's clip_ratio),
-    `clipfrac_dual` (dual clip active), `ratio_mean` / `ratio_min` / `ratio_max`, `approx_kl`
-    (token mean of log π_old − log π_θ, verl's ppo_kl), `num_tokens`, `num_seqs` are statistics of this
-    call (token means; weight them by `num_tokens` to combine micro-batches).
-    """
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Scalar loss to back-propagate and its statistics as 0-d device tensors (the metrics of `policy_loss`), so
+    that a caller accumulating micro-batches reads nothing back per micro-batch (engine/actor.py). With no
+    token under the mask `ratio_min` / `ratio_max` hold ±float max (`policy_loss` drops them)."""
     _check_settings(loss_agg_mode, clip_low, clip_high, clip_c, ratio_level, kl_coef, kl_type, log_ratio_clamp)
     _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs, entropy)
     if kl_coef > 0.0 and ref_logprobs is None:
@@ -193,13 +210,7 @@ def policy_loss(
             clip_high,
         )
     )
-    names = list(stats)
-    values = torch.stack([stats[k].to(torch.float64).reshape(()) for k in names]).tolist()  # one host sync
-    metrics = dict(zip(names, values))
-    if metrics["num_tokens"] == 0:  # no token: extremes are undefined
-        metrics.pop("ratio_min")
-        metrics.pop("ratio_max")
-    return total, metrics
+    return total, stats
 
 
 def _clip_stats(

@@ -31,12 +31,14 @@ def build_rollout(
     kv_cache_bytes: int | None = None,
     seed: int = 0,
     workdir: Path | None = None,
+    hf_decode: str = "auto",
 ) -> RolloutBackend:
     """The rollout backend `name` for `model` (a transformers causal LM) and its tokenizer.
 
     `max_model_len` bounds prompt + completion tokens. `gpu_memory_utilization`,
     `max_num_batched_tokens`, `enforce_eager`, `seed` and `workdir` (where the policy directory
-    vLLM starts from is written; a temp dir when None) only matter to `vllm`. `max_num_seqs` caps
+    vLLM starts from is written; a temp dir when None) only matter to `vllm`; `hf_decode` (hf.DECODE_MODES)
+    only to `hf`. `max_num_seqs` caps
     concurrent sequences (hf: rows per decode batch); `kv_cache_bytes` sizes the KV cache (vllm)
     or caps rows per call (hf). The `vllm` backend needs the caller's script to guard its entry
     point with `if __name__ == "__main__":`.
@@ -51,7 +53,12 @@ def build_rollout(
                 "Use rollout_tp=1 with rollout_backend='hf'.",
             )
         return HFRollout(
-            model, tokenizer, max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes
+            model,
+            tokenizer,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            kv_cache_bytes=kv_cache_bytes,
+            decode=hf_decode,
         )
     if name == "vllm":
         from grpo_pilot.engine.rollout.vllm_backend import VLLMRollout

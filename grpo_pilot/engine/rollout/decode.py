@@ -17,12 +17,10 @@ What it does (and what `generate` does on top of it that we do not need here):
   on the same parameters without transformers' per-token wrapping (in fp32 with fewer, fused ops and
   a hand-written one-query attention), into a KV cache allocated once, given the key mask once;
   any other model runs its own forward (with `Cache.reorder_cache` expanding the prefill's cache);
-- sampling: greedy (`temperature == 0`) is argmax; otherwise softmax(logits / temperature),
-  optionally cut to the top-p nucleus, and one categorical draw per row by inverse CDF with B
-  uniforms from the caller's `torch.Generator` per token, compacted or not (the caller's seed fixes
-  the completions; the global RNG is never touched). Nucleus rule (as transformers'
-  TopPLogitsWarper and vLLM): tokens sorted by probability are kept while the mass before them
-  is < top_p; the most likely is always kept;
+- sampling (sampling.py): greedy (`temperature == 0`) is argmax; otherwise softmax(logits / temperature),
+  optionally cut to the top-k and the top-p nucleus, and one categorical draw per row by inverse CDF,
+  with the call's uniforms drawn at once ([max_new_tokens, B] from the caller's `torch.Generator`; each
+  row keeps its own after a compaction; the global RNG is never touched);
 - a row is finished at its first EOS id or, with a `stop` check, once the check says so for its
   last `stop_window` generated ids (None: all); the exact cut is `completion.finish_completion`'s
   job. A finished row's later slots in the [B, N] result hold `pad_id`; the loop exits once every
@@ -42,8 +40,8 @@ What it does (and what `generate` does on top of it that we do not need here):
   Reproducibility: every op is per row, but a BLAS picks its matmul kernel by the number of rows
   (MKL here: fp32 rows of a 3-row and a 5-row product differ in the last bits), so after a
   compaction a row's logits can differ from the uncompacted loop's by rounding — as they already
-  differ between batch sizes without compaction. The sampler still draws B uniforms per token and
-  gives each running row its own, so the random stream is unchanged: the completions equal those of
+  differ between batch sizes without compaction. Each running row keeps its own uniforms, so the
+  random stream is unchanged: the completions equal those of
   `compact_fraction=None` (never compact) except where a draw lands within that rounding of a
   CDF step or an argmax is tied to the last bit, and such a flip changes that row only. The tests
   check identical completions on vs off for greedy and sampling.
@@ -60,18 +58,31 @@ coexist for that layer), the prefill's forward over U·W tokens, and the samplin
 indices) — planner/memory/hf_generate.py models these. Compaction only shrinks this: each
 layer's K (then V) is replaced by its index_select of the R running rows and the old tensor freed
 right after, so the transient is one layer's K or V of R rows (< 1/(2L) of the cache) on top of
-the cache, plus the B draws (4·B bytes) per token.
+the cache. The call's uniforms take N·B·4 bytes (sampling), the EOS table V + 1 bytes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from grpo_pilot.engine.rollout.llama_step import LlamaDecodeStep, unsupported_reason
+from grpo_pilot.engine.rollout.sampling import draw_uniforms, ends, eos_table, sample_next
+
+__all__ = [
+    "COMPACT_FRACTION",
+    "Prefill",
+    "StopCheck",
+    "decode_batch",
+    "left_pad",
+    "prefill",
+    "sample_next",
+    "should_compact",
+]
 
 COMPACT_FRACTION = 0.25  # drop finished rows once they are >= 1/4 of the batch (rule in the module docstring)
 StopCheck = Callable[[list[list[int]]], list[bool]]  # tails of the running rows -> "stop here" per row
@@ -83,47 +94,6 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
     rows = [[pad_id] * (width - len(p)) + [int(t) for t in p] for p in prompts]
     real = [[False] * (width - len(p)) + [True] * len(p) for p in prompts]
     return torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(real, dtype=torch.bool, device=device)
-
-
-def sample_next(
-    logits: Tensor,
-    *,
-    temperature: float,
-    top_p: float,
-    generator: torch.Generator | None,
-    uniforms: Tensor | None = None,
-) -> Tensor:
-    """One token id per row [R] from last-position logits [R, V] (see the module docstring).
-
-    `uniforms` [R, 1] fp32 in [0, 1): the draws to use instead of R fresh ones from `generator`
-    (the compacted loop passes the running rows' own draws out of the full batch's B)."""
-    if temperature == 0.0:
-        return logits.argmax(-1)
-    scaled = logits.float()  # a copy for bf16/fp16 logits (divided in place), the same tensor for fp32
-    if temperature != 1.0:  # x / 1.0 == x exactly: skip the op
-        scaled = scaled.div_(temperature) if scaled is not logits else scaled / temperature
-    probs = torch.softmax(scaled, dim=-1)
-    del scaled  # at most logits + two fp32 [B, V] tensors live at a time
-    order: Tensor | None = None
-    if top_p < 1.0:
-        probs, order = probs.sort(dim=-1, descending=True)
-        mass_before = probs.cumsum(-1) - probs
-        probs = probs.masked_fill(mass_before >= top_p, 0.0)  # column 0 has mass_before 0: always kept
-    cdf = probs.cumsum(-1)
-    total = cdf[:, -1:]
-    if uniforms is None:
-        uniforms = draw_uniforms(probs.shape[0], generator, probs.device)
-    u = uniforms.to(cdf.dtype) * total
-    # u < total strictly, so the first index with cdf > u exists and has non-zero probability
-    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
-    picked = torch.searchsorted(cdf, u, right=True)
-    return (order.gather(-1, picked) if order is not None else picked).squeeze(-1)
-
-
-def draw_uniforms(rows: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
-    """[rows, 1] fp32 uniforms in [0, 1) from `generator`: one per row and token, the sampler's whole use
-    of randomness."""
-    return torch.rand((rows, 1), generator=generator, device=device, dtype=torch.float32)
 
 
 def should_compact(num_finished: int, num_rows: int, compact_fraction: float | None) -> bool:
@@ -139,39 +109,32 @@ def _step_mask(model: Any, key_mask: Tensor) -> Tensor:
     )
 
 
-def decode_batch(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    eos_ids: Sequence[int],
-    pad_id: int,
-    temperature: float,
-    top_p: float,
-    generator: torch.Generator | None,
-    stop: StopCheck | None = None,
-    stop_window: int | None = None,
-    compact_fraction: float | None = COMPACT_FRACTION,
-) -> list[list[int]]:
-    """Generated ids per prompt (up to `max_new_tokens`; after a row finishes, `pad_id`s follow).
+@dataclass
+class Prefill:
+    """The prefill of a decode call: next-token logits [B, V] of every row, the U-row DynamicCache of the distinct
+    prompts, the prefill row of every row (`inverse` [B]), the real-token mask [B, W] and positions [B, W] of the
+    left-padded prompts, and the key mask [B, W + N] (prompt tokens and every generated slot)."""
 
-    `model` is a transformers causal LM in eval mode, called under no-grad by the caller. `stop`
-    maps the last `stop_window` (None: all) generated ids of each still-running row to "stop here" flags.
-    `compact_fraction` in (0, 1]: drop finished rows from the batch once they are that share of it
-    (None: never; the outputs are the same either way, see the module docstring).
-    """
+    logits: Tensor
+    cache: Any
+    inverse: Tensor
+    real: Tensor
+    positions: Tensor
+    key_mask: Tensor
+    num_unique: int
+
+
+def prefill(model: Any, prompts: Sequence[Sequence[int]], *, pad_id: int, max_new_tokens: int) -> Prefill:
+    """One forward over the distinct prompts (a GRPO group's n copies share one row), with the model's own cache."""
     from transformers import DynamicCache
 
-    if compact_fraction is not None and not 0.0 < compact_fraction <= 1.0:
-        raise ValueError(f"compact_fraction must be in (0, 1] or None, got {compact_fraction}")
     device = next(model.parameters()).device
-    # identical prompts (a GRPO group's n copies) share one prefill row; the cache is expanded after
     first: dict[tuple[int, ...], int] = {}
     inverse = torch.tensor([first.setdefault(tuple(p), len(first)) for p in prompts], dtype=torch.long, device=device)
     ids, unique_real = left_pad(list(first), pad_id, device)
     unique_positions = (unique_real.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    # prefill: causal + padding mask from the 2-D real-token mask (built once by transformers)
+    # causal + padding mask from the 2-D real-token mask (built once by transformers)
     logits = model(
         input_ids=ids,
         attention_mask=unique_real.long(),
@@ -186,13 +149,46 @@ def decode_batch(
     batch, width = real.shape
     key_mask = torch.ones((batch, width + max_new_tokens), dtype=torch.bool, device=device)
     key_mask[:, :width] = real
+    return Prefill(logits, cache, inverse, real, positions, key_mask, len(first))
+
+
+def decode_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    stop: StopCheck | None = None,
+    stop_window: int | None = None,
+    compact_fraction: float | None = COMPACT_FRACTION,
+    top_k: int = 0,
+) -> list[list[int]]:
+    """Generated ids per prompt (up to `max_new_tokens`; after a row finishes, `pad_id`s follow).
+
+    `model` is a transformers causal LM in eval mode, called under no-grad by the caller. `stop`
+    maps the last `stop_window` (None: all) generated ids of each still-running row to "stop here" flags.
+    `compact_fraction` in (0, 1]: drop finished rows from the batch once they are that share of it
+    (None: never; the outputs are the same either way, see the module docstring).
+    """
+    if compact_fraction is not None and not 0.0 < compact_fraction <= 1.0:
+        raise ValueError(f"compact_fraction must be in (0, 1] or None, got {compact_fraction}")
+    device = next(model.parameters()).device
+    pre = prefill(model, prompts, pad_id=pad_id, max_new_tokens=max_new_tokens)
+    logits, cache, inverse, key_mask, positions = pre.logits, pre.cache, pre.inverse, pre.key_mask, pre.positions
+    batch, width = pre.real.shape
     step_mask = _step_mask(model, key_mask)
     # Llama-family decoders step without transformers' per-token wrapping (llama_step.py); it
     # gathers the prefill's keys and values into its own buffers
     fast = LlamaDecodeStep(model, cache, inverse, key_mask) if unsupported_reason(model) is None else None
-    if fast is None and len(first) < len(prompts):
+    if fast is None and pre.num_unique < len(prompts):
         cache.reorder_cache(inverse)  # index_select on the batch dim of every layer's keys and values
-    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device)
+    eos = eos_table(eos_ids, logits.shape[-1], device)
+    # every draw of the call at once, [max_new_tokens, B, 1] (sampling.py): each row keeps its own after compaction
+    draws = draw_uniforms(max_new_tokens, batch, generator, device) if temperature != 0.0 else None
     out = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     alive = torch.arange(batch, device=device)  # the row of `out` of each row in the (compacted) batch
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -200,19 +196,16 @@ def decode_batch(
     steps = 0  # max_new_tokens >= 1 (SamplingConfig), so at least one token is drawn
     for step in range(max_new_tokens):
         compacted = len(alive) < batch
-        # after a compaction, still B draws per token (the caller's random stream as without it), each row its own
-        uniforms = (
-            draw_uniforms(batch, generator, device).index_select(0, alive) if compacted and temperature != 0.0 else None
+        uniforms = None if draws is None else draws[step].index_select(0, alive) if compacted else draws[step]
+        token = sample_next(logits, temperature=temperature, top_p=top_p, top_k=top_k, uniforms=uniforms).masked_fill(
+            finished, pad_id
         )
-        token = sample_next(
-            logits, temperature=temperature, top_p=top_p, generator=generator, uniforms=uniforms
-        ).masked_fill(finished, pad_id)
         if compacted:
             out[:, step].index_copy_(0, alive, token)  # a view of out's column: written in place
         else:
             out[:, step] = token
         steps = step + 1
-        finished |= torch.isin(token, eos)
+        finished |= ends(eos, token)
         if stop is not None:
             running = (~finished).nonzero().flatten()
             rows = running.tolist()

@@ -6,12 +6,20 @@ FSDP-sharded across workers, or the rollout runs on its own worker) the backend 
 model and `sync_weights(weights)` copies every (name, tensor) pair into it, refusing a sync that leaves
 a parameter out.
 
-Decoding: our own batched loop (`decode.decode_batch`: one prefill, then one forward per token with
-the model's KV cache, temperature / top-p sampling, per-row EOS and stop strings, early exit once
-every row is done) instead of transformers `generate`, whose per-token Python (logits processors,
-stopping criteria, mask rebuilding, multinomial) outweighed a tiny model's forward several times
-(benchmarks/engine_cpu.py). The module's own `generation_config` (e.g. a checkpoint's top_k or
-repetition_penalty) is never consulted: sampling is exactly what `SamplingConfig` says; its
+Decoding: our own batched loops instead of transformers `generate`, whose per-token Python (logits
+processors, stopping criteria, mask rebuilding, multinomial) outweighed a tiny model's forward several
+times (benchmarks/engine_cpu.py); `decode` (run config `hf_decode`, `resolve_decode`) picks one:
+- "eager" (`decode.decode_batch`): one prefill, then one forward per token with the model's KV cache,
+  a host check per token (finished rows leave the batch), fp32 weights under bf16 autocast on CUDA;
+- "static" / "cuda_graph" (`static_decode.decode_static`): the same prefill and completions, with a
+  preallocated cache, fixed shapes, sampling and EOS on the device and a host look every 8 tokens; on
+  CUDA the steps read a bf16 copy of the weights (`static_step.DecodeWeights`, 2 bytes per parameter:
+  built or refreshed in place by `wake` in the weight-sync phase, dropped by `sleep` after the rollout;
+  `weight_copy_bytes`, reported in profile.json) and "cuda_graph" replays each step as a CUDA graph;
+- "auto" (default): cuda_graph on CUDA, eager on the CPU (where the eager loop is the faster one).
+Llama-family models only for the static loops (llama_step, static_step); any other runs eager.
+The module's own `generation_config` (e.g. a checkpoint's top_k or repetition_penalty) is never
+consulted: sampling is exactly what `SamplingConfig` says (temperature, top-k, top-p); its
 `eos_token_id` does end completions (`completion.eos_token_ids`).
 
 Batching: prompts are sorted by length (less padding), left-padded and generated in chunks of at
@@ -25,8 +33,8 @@ checkpoints when `self.training`, so checkpointing is off) under `torch.no_grad`
 mode: buffers a forward may refresh must stay usable by autograd) — except for the Llama-family
 models `llama_step` decodes with default RoPE, whose forward refreshes no buffer: those decode
 under `torch.inference_mode` (no autograd bookkeeping per op; completions leave as Python ints), and on
-CUDA the forward runs under bf16 autocast; train mode is restored afterwards and `config` is not touched
-(the KV cache is requested per call).
+CUDA the forward runs under bf16 autocast (the static loops: the prefill only); train mode is restored
+afterwards and `config` is not touched (the KV cache is requested per call).
 """
 
 from __future__ import annotations
@@ -41,7 +49,30 @@ from grpo_pilot.engine.rollout.completion import check_prompts, eos_token_ids, f
 from grpo_pilot.engine.rollout.decode import decode_batch
 from grpo_pilot.engine.rollout.protocol import Generation, SamplingConfig
 from grpo_pilot.engine.rollout.llama_step import unsupported_reason
+from grpo_pilot.engine.rollout.static_decode import decode_static
+from grpo_pilot.engine.rollout.static_step import DecodeWeights, table_unsupported
 from grpo_pilot.errors import InputError, RunError
+
+DECODE_MODES = ("auto", "eager", "static", "cuda_graph")
+
+
+def resolve_decode(mode: str, model: Any, device: torch.device) -> str:
+    """The decode loop a call runs: "eager" (decode.py), "static" or "cuda_graph" (static_decode.py).
+
+    auto = cuda_graph on CUDA, eager on CPU; cuda_graph off CUDA runs static (the same step, no graphs); a model
+    the static step does not support (`static_step.table_unsupported`) runs eager whatever was asked."""
+    if mode not in DECODE_MODES:
+        raise InputError(f"Unknown hf decode mode {mode!r}.", f"Use one of {', '.join(DECODE_MODES)}.")
+    if mode == "eager" or (mode == "auto" and device.type != "cuda") or table_unsupported(model) is not None:
+        return "eager"
+    if mode in ("auto", "cuda_graph"):
+        return "cuda_graph" if device.type == "cuda" else "static"
+    return "static"
+
+
+def rollout_dtype(model: Any, device: torch.device) -> torch.dtype:
+    """The static step's weight dtype: bf16 on CUDA (a copy of fp32 weights), the model's own on the CPU."""
+    return torch.bfloat16 if device.type == "cuda" else next(model.parameters()).dtype
 
 
 def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
@@ -97,6 +128,7 @@ class HFRollout:
         max_num_seqs: int = 256,
         kv_cache_bytes: int | None = None,
         shares_policy: bool = True,
+        decode: str = "auto",
     ) -> None:
         if max_model_len < 2 or max_num_seqs < 1 or (kv_cache_bytes is not None and kv_cache_bytes < 1):
             raise InputError(
@@ -114,6 +146,11 @@ class HFRollout:
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else self.eos_ids[0]
         self._decode = make_decoder(tokenizer)
+        if decode not in DECODE_MODES:
+            raise InputError(f"Unknown hf decode mode {decode!r}.", f"Use one of {', '.join(DECODE_MODES)}.")
+        self.decode = decode
+        self._weights: DecodeWeights | None = None  # the static step's weights (a bf16 copy on CUDA), wake..sleep
+        self.decode_stats: dict[str, Any] = {}  # the last generate's static-loop counts (steps, graph captures)
 
     # -- protocol -------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
@@ -131,10 +168,14 @@ class HFRollout:
         rows = self.rows_per_chunk(max(len(p) for p in prompt_ids) + sampling.max_new_tokens, device)
         raw: dict[int, list[int]] = {}
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        mode = resolve_decode(self.decode, model, device)
+        # the static loops' weights: those `wake` prepared this step, else built here (outside inference mode)
+        weights = (self._weights or self._static_weights(model, device)) if mode != "eager" else None
+        self.decode_stats = {"mode": mode}
         with self._generation_mode(model, device):
             for start in range(0, len(order), rows):
                 chunk = order[start : start + rows]
-                outs = self._generate_chunk(model, [prompt_ids[i] for i in chunk], sampling, generator)
+                outs = self._generate_chunk(model, [prompt_ids[i] for i in chunk], sampling, generator, weights, mode)
                 raw.update(zip(chunk, outs))
         return [
             finish_completion(raw[i], eos_ids=self.eos_ids, sampling=sampling, decode=self._decode)
@@ -169,13 +210,30 @@ class HFRollout:
             )
 
     def sleep(self) -> None:
-        """Return the generation KV cache blocks held by the CUDA caching allocator; nothing to do on CPU."""
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        """Drop the static step's weight copy (the KV cache lives in one `generate` only); whether the allocator's
+        cached blocks go back to the driver is the run's `release_cache` policy (engine/device_memory.py, called by
+        the worker)."""
+        self._live_model()
+        self._weights = None
 
     def wake(self) -> None:
-        """Nothing to restore: the KV cache is allocated again by the next `generate`."""
-        self._live_model()
+        """Before a rollout (the worker's weight-sync phase): build, or refresh in place, the static step's bf16
+        copy of the weights from the module's current values (CUDA, static decode, fp32 module); else nothing."""
+        model = self._live_model()
+        device = next(model.parameters()).device
+        if (
+            resolve_decode(self.decode, model, device) != "eager"
+            and rollout_dtype(model, device) != next(model.parameters()).dtype
+        ):
+            self._static_weights(model, device)
+
+    def weight_copy_bytes(self, device: torch.device) -> int:
+        """Bytes of the bf16 weight copy the static decode holds on `device` from wake to sleep (0: none)."""
+        model = self._live_model()
+        if resolve_decode(self.decode, model, device) == "eager":
+            return 0
+        dtype = rollout_dtype(model, device)
+        return sum(p.numel() * dtype.itemsize for p in model.parameters() if p.dtype != dtype)
 
     def close(self) -> None:
         self._model = None
@@ -195,23 +253,40 @@ class HFRollout:
             raise RunError("The hf rollout backend was closed.", "Build a new backend with build_rollout('hf', ...).")
         return self._model
 
+    def _static_weights(self, model: Any, device: torch.device) -> DecodeWeights:
+        """The static step's weights: built on first use after a sleep, refreshed in place after that."""
+        with torch.no_grad():
+            if self._weights is None:
+                self._weights = DecodeWeights(model, rollout_dtype(model, device))
+            else:
+                self._weights.refresh(model)
+        return self._weights
+
     def _generate_chunk(
-        self, model: Any, prompts: list[list[int]], sampling: SamplingConfig, generator: torch.Generator
+        self,
+        model: Any,
+        prompts: list[list[int]],
+        sampling: SamplingConfig,
+        generator: torch.Generator,
+        weights: DecodeWeights | None,
+        mode: str,
     ) -> list[list[int]]:
-        """One `decode_batch` over `prompts`; each row's generated ids (may run past its end with padding)."""
+        """One decode over `prompts`; each row's generated ids (may run past its end with padding)."""
         stop = _StopStringTail(sampling.stop, self.tokenizer) if sampling.stop else None
-        return decode_batch(
-            model,
-            prompts,
+        common: dict[str, Any] = dict(
             max_new_tokens=sampling.max_new_tokens,
             eos_ids=self.eos_ids,
             pad_id=self.pad_id,
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=sampling.top_p,
+            top_k=sampling.top_k,
             generator=generator,
             stop=stop,
             stop_window=stop.window if stop is not None else None,
         )
+        if weights is None:
+            return decode_batch(model, prompts, **common)
+        return decode_static(model, weights, prompts, graphs=mode == "cuda_graph", stats=self.decode_stats, **common)
 
     @contextlib.contextmanager
     def _generation_mode(self, model: Any, device: torch.device) -> Iterator[None]:

@@ -60,8 +60,9 @@ _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")
 _MLP_PARTS = ("gate_proj", "up_proj", "down_proj", "act_fn")
 
 
-def unsupported_reason(model: Any) -> str | None:
-    """Why `LlamaDecodeStep` cannot stand in for `model`'s forward (None: it can)."""
+def unsupported_reason(model: Any, *, allow_sharded: bool = False) -> str | None:
+    """Why `LlamaDecodeStep` cannot stand in for `model`'s forward (None: it can). `allow_sharded`: for callers
+    that call the decoder's modules (whose FSDP hooks then run), not their parameters."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -71,7 +72,7 @@ def unsupported_reason(model: Any) -> str | None:
     layer_types = getattr(config, "layer_types", None) or ()
     if any(t != "full_attention" for t in layer_types) or getattr(config, "use_sliding_window", False):
         return "sliding-window attention layers"
-    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+    if not allow_sharded and any(type(p).__name__ == "DTensor" for p in model.parameters()):
         return "sharded (DTensor) parameters: FSDP gathers them in module hooks this step would bypass"
     decoder = getattr(model, "model", None)
     if (

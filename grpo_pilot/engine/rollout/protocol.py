@@ -34,6 +34,7 @@ class SamplingConfig(Frozen):
 
     temperature: float = Field(default=1.0, ge=0.0, description="Softmax temperature; 0 = greedy (argmax).")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1.0 = off.")
+    top_k: int = Field(default=0, ge=0, description="Keep the k most likely tokens (applied before top_p); 0 = off.")
     max_new_tokens: int = Field(ge=1, description="Most tokens generated per completion (EOS included).")
     stop: tuple[str, ...] = Field(
         default=(), description="Stop strings; the completion keeps the string and ends there."

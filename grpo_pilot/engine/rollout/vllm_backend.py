@@ -288,7 +288,7 @@ class VLLMRollout:
                 n=1,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p if not sampling.greedy else 1.0,
-                top_k=0,  # 0 = off in vLLM 0.32
+                top_k=sampling.top_k if not sampling.greedy else 0,  # 0 = off in vLLM 0.32, as in SamplingConfig
                 max_tokens=sampling.max_new_tokens,
                 stop=list(sampling.stop) or None,
                 stop_token_ids=list(self.eos_ids),
