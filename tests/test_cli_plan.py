@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from grpo_pilot.cli_plan import app, parse_pins
+from grpo_pilot.cli.plan import app, parse_pins
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.config import KNOB_KEYS
 from grpo_pilot.planner.rules import PLAN_PHASES as PHASES

@@ -9,7 +9,7 @@ import zlib
 import pytest
 from typer.testing import CliRunner
 
-from grpo_pilot.cli_plan import app
+from grpo_pilot.cli.plan import app
 from grpo_pilot.errors import InputError
 from grpo_pilot.memory_plot import memory_bars, write_memory_plot
 from grpo_pilot.planner.calibration import CALIBRATION_DIR_ENV, Calibration, FitError, save_calibration

@@ -9,7 +9,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from grpo_pilot.cli_plan import app
+from grpo_pilot.cli.plan import app
 
 pytest.importorskip("torch")
 runner = CliRunner()
@@ -93,7 +93,7 @@ def test_plan_json_without_verify_has_no_verify_key() -> None:
 
 
 def test_missing_engine_extra_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    import grpo_pilot.cli_plan_verify as cli_verify
+    import grpo_pilot.cli.plan_verify as cli_verify
 
     real = cli_verify.find_spec
     monkeypatch.setattr(cli_verify, "find_spec", lambda name: None if name == "torch" else real(name))

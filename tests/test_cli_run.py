@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from grpo_pilot.cli_run import app
+from grpo_pilot.cli.run import app
 
 torch.set_num_threads(1)
 PLAN = "examples/tiny/plan.json"

@@ -9,7 +9,7 @@ import json
 import pytest
 from hostile_helpers import RUN_GOOD, TINY_PLAN, assert_refused, invoke
 
-from grpo_pilot.cli_run import app
+from grpo_pilot.cli.run import app
 
 RUN_CODE = [a if a != "char_fraction:char=a" else "code:timeout_s=5" for a in RUN_GOOD] + ["--allow-unsandboxed-code"]
 
@@ -153,7 +153,7 @@ def test_a_gpu_plan_on_a_machine_without_those_gpus_is_refused_before_any_cluste
 
     from hostile_helpers import TINY_MODEL_FLAGS
 
-    from grpo_pilot.cli_plan import app as plan_app
+    from grpo_pilot.cli.plan import app as plan_app
 
     plan = tmp_path / "plan-8gpu.json"
     flags = [f if f != "1xcpu" else "8xH100-80G" for f in TINY_MODEL_FLAGS]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_pilot.cli_plan import app
+from grpo_pilot.cli.plan import app
 
 from hostile_helpers import assert_refused, invoke
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from grpo_pilot.cli_plan import app
+from grpo_pilot.cli.plan import app
 
 from hostile_helpers import TINY_MODEL_FLAGS, assert_refused, invoke
 

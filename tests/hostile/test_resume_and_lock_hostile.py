@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hostile_helpers import RUN_GOOD, TINY_PLAN, assert_refused, invoke
 
-from grpo_pilot.cli_run import app
+from grpo_pilot.cli.run import app
 from grpo_pilot.outputs import LOCK_NAME, DirectoryLock
 
 RESUME = [TINY_PLAN, *[a for a in RUN_GOOD if a not in ("--steps", "1")], "--set", "checkpoint_every=1"]
@@ -147,7 +147,7 @@ def test_trailing_garbage_is_dropped(finished_run, tmp_path):
 
 
 def test_tune_out_refused(tmp_path):
-    from grpo_pilot.cli_tune import app as tune
+    from grpo_pilot.cli.tune import app as tune
 
     (tmp_path / "file").write_text("keep\n")
     base = [TINY_PLAN, "--config", "examples/tiny/run.toml", "--trials", "1", "-q"]

@@ -11,7 +11,7 @@ import os
 import pytest
 from hostile_helpers import RUN_GOOD, TINY_PLAN, assert_refused, invoke
 
-from grpo_pilot.cli_run import app
+from grpo_pilot.cli.run import app
 from grpo_pilot.outputs import DirectoryLock
 
 PLAN_RAW = json.loads(open(TINY_PLAN).read())

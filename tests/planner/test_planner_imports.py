@@ -34,7 +34,7 @@ def test_every_planner_module_imports_without_heavy_packages() -> None:
 
 def test_the_cli_module_stays_light_too() -> None:
     """grpo-plan's own modules import the engine lazily (only for --lengths-from)."""
-    code = "import sys, grpo_pilot.cli_plan, grpo_pilot.cli_plan_inputs, grpo_pilot.cli_plan_render\n"
+    code = "import sys, grpo_pilot.cli.plan, grpo_pilot.cli.plan_inputs, grpo_pilot.cli.plan_render\n"
     done = subprocess.run(
         [sys.executable, "-c", code + HEAVY_LOADED.format(heavy=HEAVY)], capture_output=True, text=True, check=False
     )

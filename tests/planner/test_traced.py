@@ -214,7 +214,7 @@ def test_hf_config_from_spec_builds_the_exact_parameter_count(alias: str) -> Non
 
 def test_verify_import_does_not_import_torch() -> None:
     code = (
-        "import sys, grpo_pilot.verify.traced, grpo_pilot.verify.compare, grpo_pilot.cli_plan_verify; "
+        "import sys, grpo_pilot.verify.traced, grpo_pilot.verify.compare, grpo_pilot.cli.plan_verify; "
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from grpo_pilot.cli_plan import app
+from grpo_pilot.cli.plan import app
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.from_verl import read_verl, verl_launch
 from grpo_pilot.planner.verl_versions import CHANGES, window

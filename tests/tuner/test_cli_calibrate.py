@@ -9,8 +9,8 @@ from tune_helpers import TINY_CONFIG, TINY_PLAN, FakeRunner, measured
 from typer.testing import CliRunner
 
 import grpo_pilot.tuner.runner as runner_module
-from grpo_pilot.cli_plan import app as plan_app
-from grpo_pilot.cli_tune import app
+from grpo_pilot.cli.plan import app as plan_app
+from grpo_pilot.cli.tune import app
 from grpo_pilot.planner.calibration import load_calibration
 from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import load_plan

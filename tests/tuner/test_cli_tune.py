@@ -22,7 +22,7 @@ from tune_helpers import TINY_CONFIG, TINY_PLAN, FakeRunner, failed, measured
 from typer.testing import CliRunner
 
 import grpo_pilot.tuner.runner as runner_module
-from grpo_pilot.cli_tune import app
+from grpo_pilot.cli.tune import app
 from grpo_pilot.engine.run_config import RunConfig
 from grpo_pilot.planner.calibration import load_calibration
 from grpo_pilot.planner.plan import load_plan

@@ -84,7 +84,7 @@ def evaluate(case: dict[str, Any]) -> dict[str, Any]:
     """grpo-plan's answer as a user sees it: the exit code, the plan JSON (exit 0 fits, 3 does not fit, 4 fits
     only conditionally: inside the headroom or below a mean response length), or the error text of a
     refusal (exit 2)."""
-    from grpo_pilot.cli_plan import app
+    from grpo_pilot.cli.plan import app
 
     result = CliRunner().invoke(app, command(case))
     if result.exit_code in (0, 3, 4):

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import HERE, command, load_cases, load_rankings, run_case  # noqa: E402
 
-from grpo_pilot.cli_plan import app  # noqa: E402
+from grpo_pilot.cli.plan import app  # noqa: E402
 from grpo_pilot.hardware import parse_cluster  # noqa: E402
 from grpo_pilot.planner.from_trl import read_trl  # noqa: E402
 from grpo_pilot.planner.from_verl import read_verl  # noqa: E402

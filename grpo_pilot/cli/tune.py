@@ -24,7 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_pilot.cli import handle_errors
+from grpo_pilot.cli.errors import handle_errors
 from grpo_pilot.errors import InputError, RunError
 from grpo_pilot.outputs import DirectoryLock, discard_created_dir, prepare_output_dir
 

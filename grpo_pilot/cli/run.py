@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from grpo_pilot.cli import handle_errors
+from grpo_pilot.cli.errors import handle_errors
 from grpo_pilot.errors import InfeasibleError, InputError
 
 app = typer.Typer(add_completion=False, help="Run GRPO for a plan.json and compare measured memory/time with the plan.")

@@ -1,7 +1,7 @@
-"""Console entry points `grpo-plan`, `grpo-run`, `grpo-tune`, and the one error handler.
+"""The one error handler of the console commands.
 
-The commands themselves live in `cli_plan.py`, `cli_run.py` and `cli_tune.py`; this module only turns our
-exceptions into one short paragraph on stderr and an exit status (2 bad input, 3 does not fit,
+The commands live in `cli/plan.py`, `cli/run.py` and `cli/tune.py`; this module turns our exceptions into
+one short paragraph on stderr and an exit status (2 bad input, 3 does not fit,
 4 fits only conditionally, 1 run failure) — never a traceback for a user mistake.
 """
 
@@ -40,21 +40,3 @@ def handle_errors(fn: F) -> F:
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-def plan_entry() -> None:
-    from grpo_pilot.cli_plan import app
-
-    app()
-
-
-def run_entry() -> None:
-    from grpo_pilot.cli_run import app
-
-    app()
-
-
-def tune_entry() -> None:
-    from grpo_pilot.cli_tune import app
-
-    app()

@@ -16,9 +16,9 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from grpo_pilot.cli import handle_errors
-from grpo_pilot.cli_plan_inputs import launch_cluster, length_fields, make_workload, read_text
-from grpo_pilot.cli_plan_render import list_models, render
+from grpo_pilot.cli.errors import handle_errors
+from grpo_pilot.cli.plan_inputs import launch_cluster, length_fields, make_workload, read_text
+from grpo_pilot.cli.plan_render import list_models, render
 from grpo_pilot.errors import ConditionalFitError, InfeasibleError, InputError
 from grpo_pilot.hardware.cluster import Cluster, parse_cluster, parse_size_bytes
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
@@ -356,7 +356,7 @@ def main(
     if override and not (from_verl or from_trl):
         raise InputError("--override applies to a --from-verl or --from-trl file.", "Use --pin KEY=VALUE for knobs.")
     if verify:
-        from grpo_pilot.cli_plan_verify import require_engine
+        from grpo_pilot.cli.plan_verify import require_engine
 
         require_engine()
     length_values = length_fields(
@@ -420,20 +420,20 @@ def main(
             check_pins(inputs, pins)
     report = None
     if verify:
-        from grpo_pilot.cli_plan_verify import verify as verify_plan
+        from grpo_pilot.cli.plan_verify import verify as verify_plan
 
         report = verify_plan(plan)
     if json_out:
         if report is None:
             typer.echo(plan.to_json(), nl=False)
         else:
-            from grpo_pilot.cli_plan_verify import plan_json_with_verify
+            from grpo_pilot.cli.plan_verify import plan_json_with_verify
 
             typer.echo(plan_json_with_verify(plan.to_json(), report), nl=False)
     else:
         render(plan, console, pins, notes)
         if report is not None:
-            from grpo_pilot.cli_plan_verify import render_verify
+            from grpo_pilot.cli.plan_verify import render_verify
 
             render_verify(report, console)
     if plot:
