@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.adapters import AdapterSettings
 from grpo_pilot.planner.rules import num_mini_batches, old_logprob_pass_runs
 from grpo_pilot.planner.traits import TARGET_NAMES, ExecutorTraits
 
@@ -77,6 +78,11 @@ class Workload(Frozen):
     ppo_epochs: int = Field(default=1, ge=1, description="Passes over each rollout batch.")
     entropy_coeff: float = Field(
         default=0.0, ge=0.0, description="Entropy bonus; > 0 computes entropy in the update (more logits memory)."
+    )
+    adapter: AdapterSettings | None = Field(
+        default=None,
+        description="LoRA / QLoRA training (the user's choice of rank, targets and base quantization); None = full "
+        "fine-tuning of every parameter.",
     )
 
     @model_validator(mode="after")
