@@ -29,6 +29,7 @@ from grpo_pilot.engine.settings import ActorSettings
 from grpo_pilot.engine.topology import Topology, topology_for
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.plan import Plan
+from grpo_pilot.profiles.spec import kv_bytes_per_token
 
 VERL_KL_LOSS_COEF = 0.001  # verl actor.kl_loss_coef default (trainer/config/actor/actor.yaml)
 
@@ -227,10 +228,8 @@ def build_engine(
 
     kv_bytes = None
     if backend == "vllm" and device.type == "cpu" and plan.kv_cache_tokens_per_gpu > 0:
-        from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
-
         spec = plan.model.spec  # the plan's own token count × the planner's own bytes per token (vLLM-CPU: fp32)
-        kv_bytes = plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(
+        kv_bytes = plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(  # profiles/spec.py: the planner's formula
             spec.num_layers, spec.num_kv_heads, spec.head_dim, 1, 4
         )
     vocab = plan.model.spec.vocab_size
@@ -256,6 +255,7 @@ def build_engine(
             kv_cache_bytes=kv_bytes,
             seed=cfg.seed,
             hf_decode=cfg.hf_decode,
+            weight_sync_bucket_bytes=plan.run.weight_sync_bucket_bytes,
         ),
         topology=topology,
         workdir=str(Path(cfg.output_dir) / "workers"),

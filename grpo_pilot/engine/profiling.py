@@ -454,16 +454,12 @@ def build_profile(
         if rollout_backend is not None and planned is not None and rollout_backend != planned
         else None
     )
-    from grpo_pilot.planner.reports import OVERHEAD_PREFIX
-
     measured = steps[1:] if len(steps) > 1 else steps
     phases: dict[str, PhaseComparison] = {}
     for name in RUN_PHASES:
         got = _measured([s[1][name] for s in measured if name in s[1]])
         mem = plan.phases.get(name)
-        pred_tensor = (
-            sum(v for k, v in mem.items.items() if not k.startswith(OVERHEAD_PREFIX)) if mem is not None else None
-        )
+        pred_tensor = mem.tensor_bytes if mem is not None else None
         pred_wall = plan.phase_times_s.get(name)
         pred_total = mem.total_bytes if mem is not None else None
         phases[name] = got.model_copy(

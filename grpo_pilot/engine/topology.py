@@ -141,16 +141,14 @@ def build_topology(
 
 
 def topology_for(plan: object) -> Topology:
-    """The plan's workers: its cluster (nodes × GPUs, or N CPU workers) and placement knobs."""
-    from grpo_pilot.planner.memory.layout import layout_for
-
-    cluster, knobs = plan.cluster, plan.knobs  # type: ignore[attr-defined]
-    layout = layout_for(cluster.num_nodes, cluster.gpus_per_node, knobs.placement, knobs.split_rollout_gpus_per_node)
+    """The plan's workers: its cluster (nodes × GPUs, or N CPU workers) and the layout the planner recorded
+    (`Plan.execution`: which GPUs of a node roll out)."""
+    cluster, knobs, run = plan.cluster, plan.knobs, plan.run  # type: ignore[attr-defined]
     return build_topology(
         num_nodes=cluster.num_nodes,
         per_node=cluster.gpus_per_node,
         placement=knobs.placement,
-        rollout_per_node=layout.rollout_gpus_per_node,
+        rollout_per_node=run.rollout_gpus_per_node,
         rollout_tp=knobs.rollout_tp,
-        device_kind="cpu" if cluster.gpu.is_cpu else "cuda",
+        device_kind=cluster.device.kind,
     )

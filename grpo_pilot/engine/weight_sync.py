@@ -12,7 +12,7 @@ travel depends on the placement (engine/workers.py):
   parameter being gathered) is in flight;
 - split: every training rank takes part in the gathers, training rank 0 puts each bucket into the
   Ray object store, and every rollout worker pulls the buckets in order.
-Bucket size: the planner's `weight_sync_bucket_bytes` (planner/overheads.py, verl's 2 GiB), so the
+Bucket size: the plan's `execution.weight_sync_bucket_bytes` (planner/overheads.py, verl's 2 GiB), so the
 measured weight_sync peak is comparable with the plan's.
 """
 
@@ -24,12 +24,6 @@ from typing import Any
 import torch
 
 WeightBucket = list[tuple[str, torch.Tensor]]
-
-
-def bucket_bytes() -> int:
-    from grpo_pilot.planner.overheads import Overheads
-
-    return Overheads().weight_sync_bucket_bytes
 
 
 def full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

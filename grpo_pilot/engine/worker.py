@@ -45,6 +45,9 @@ class RolloutSettings(Frozen):
     kv_cache_bytes: int | None = Field(default=None, ge=1)
     seed: int = 0
     hf_decode: Literal["auto", "eager", "static", "cuda_graph"] = "auto"
+    weight_sync_bucket_bytes: int = Field(
+        default=2 << 30, ge=1, description="Transfer bucket of the weight sync (the plan's `execution`)."
+    )
 
 
 class WorkerSetup(Frozen):
@@ -277,25 +280,26 @@ class Worker:
     def sync_weights(self) -> None:
         """Colocated: gather the trainer's weights bucket by bucket into this worker's own rollout engine (or,
         generating on the trainer's module, refresh the rollout's bf16 copy of it)."""
-        from grpo_pilot.engine.weight_sync import bucket_bytes, buckets, full_weights, stream
+        from grpo_pilot.engine.weight_sync import buckets, full_weights, stream
 
         self._release("before_weight_sync")  # before the phase: its peaks start from the released cache
         with self._phase("weight_sync"):
             self.rollout.wake()
             if not self.rollout.shares_policy:
-                self.rollout.sync_weights(stream(buckets(full_weights(self.actor.policy), bucket_bytes())))
+                bucket = self.setup.rollout.weight_sync_bucket_bytes
+                self.rollout.sync_weights(stream(buckets(full_weights(self.actor.policy), bucket)))
             self._release("after_weight_sync")
 
     def publish_weights(self) -> list[Any]:
         """Split, on training ranks: take part in every gather; rank 0 puts each bucket into the object store."""
         import ray
 
-        from grpo_pilot.engine.weight_sync import bucket_bytes, buckets, full_weights, to_host
+        from grpo_pilot.engine.weight_sync import buckets, full_weights, to_host
 
         refs = []
         self._release("before_weight_sync")
         with self._phase("weight_sync"):
-            for bucket in buckets(full_weights(self.actor.policy), bucket_bytes()):
+            for bucket in buckets(full_weights(self.actor.policy), self.setup.rollout.weight_sync_bucket_bytes):
                 if self.spec.train_rank == 0:
                     refs.append(ray.put(to_host(bucket)))
             self._release("after_weight_sync")

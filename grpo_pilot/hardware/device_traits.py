@@ -24,7 +24,7 @@ from grpo_pilot.hardware.gpus import GPUSpec
 
 
 class DeviceTraits(NamedTuple):
-    kind: str  # "gpu" or "cpu"
+    kind: str  # the torch device type: "cuda" (NVIDIA, and AMD under ROCm) or "cpu"
     mixed_precision: bool
     offload_meaningful: bool
     cuda_graphs: bool
@@ -34,7 +34,7 @@ class DeviceTraits(NamedTuple):
 
 
 GPU_TRAITS = DeviceTraits(
-    kind="gpu",
+    kind="cuda",
     mixed_precision=True,
     offload_meaningful=True,
     cuda_graphs=True,

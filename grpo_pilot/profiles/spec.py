@@ -156,6 +156,15 @@ class ModelSpec(Frozen):
         return dense_part + self.num_layers * self.active_mlp_params_per_layer
 
 
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, tensor_parallel: int, kv_bytes: int) -> int:
+    """KV-cache bytes one token occupies on one GPU of a t-way tensor-parallel replica: 2 (K and V) · L ·
+    ceil(kv_heads / t) · d · bytes; once t exceeds the kv heads every rank holds one (replicated) head
+    (vLLM `QKVParallelLinear`; its `FullAttentionSpec.page_size_bytes` per token). The planner sizes KV caches
+    with it and the engine sizes its decode buffers with it: a model fact, kept with the model's shape."""
+    heads_per_gpu = max(1, -(-num_kv_heads // tensor_parallel))
+    return 2 * num_layers * heads_per_gpu * head_dim * kv_bytes
+
+
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 

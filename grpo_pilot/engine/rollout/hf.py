@@ -52,6 +52,7 @@ from grpo_pilot.engine.rollout.llama_step import unsupported_reason
 from grpo_pilot.engine.rollout.static_decode import decode_static
 from grpo_pilot.engine.rollout.static_step import DecodeWeights, table_unsupported
 from grpo_pilot.errors import InputError, RunError
+from grpo_pilot.profiles.spec import kv_bytes_per_token as spec_kv_bytes_per_token
 
 DECODE_MODES = ("auto", "eager", "static", "cuda_graph")
 
@@ -80,13 +81,11 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
 
     The standard full-attention KV size (vLLM's `FullAttentionSpec.page_size_bytes` per token).
     """
-    from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token as planner_kv_bytes_per_token
-
     heads = int(getattr(config, "num_attention_heads"))
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    # one formula for planner and engine: one GPU, no tensor parallelism
-    return planner_kv_bytes_per_token(int(config.num_hidden_layers), kv_heads, head_dim, 1, dtype_bytes)
+    # one formula for planner and engine (profiles/spec.py): one GPU, no tensor parallelism
+    return spec_kv_bytes_per_token(int(config.num_hidden_layers), kv_heads, head_dim, 1, dtype_bytes)
 
 
 class _StopStringTail:

@@ -7,11 +7,9 @@ parallel size: once t exceeds kv_heads every rank holds one (replicated) kv head
 
 from __future__ import annotations
 
+from grpo_pilot.profiles.spec import kv_bytes_per_token
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, tensor_parallel: int, kv_bytes: int) -> int:
-    """KV-cache bytes one token occupies on one GPU of a t-way tensor-parallel replica."""
-    heads_per_gpu = max(1, -(-num_kv_heads // tensor_parallel))
-    return 2 * num_layers * heads_per_gpu * head_dim * kv_bytes
+__all__ = ["concurrent_sequences", "kv_bytes_per_token", "kv_tokens"]
 
 
 def kv_tokens(kv_cache_bytes: int, bytes_per_token: int) -> int:
