@@ -9,6 +9,7 @@ short sentences, in this order:
    step × n (the binding rule batch.divisible_by_world); when no larger layout does, it says so and
    names the --prompts-per-step that would let more GPUs help;
 4. the longest response (binary search on `response_len_tokens`) that fits on this cluster.
+When none applies, the one sentence says only what was checked and found not to fit (`_nothing_found`).
 A candidate "fits" when any of a small set of frugal configurations passes every check: offloads
 and checkpointing on, smallest batches and token budgets, each rollout TP of the space ×
 gpu_memory_utilization in steps of 0.1 (`search.frugal_candidates`); knobs the user pinned stay
@@ -162,9 +163,19 @@ def suggest(inputs: PlanInputs, failed: Assessment, pins: Mapping[str, Any] | No
         out = tuple(f"without the pinned knobs, {s}" for s in unpinned if s)
         if not out and first_fit(inputs, {}) is not None:
             out = ("without the pinned knobs it fits on this cluster: drop the --pin flags and let the search choose.",)
-    if not out:
-        return (
-            f"no cluster of up to {MAX_NODES} nodes of this GPU and no shorter response fits; "
-            "use a GPU with more memory or a smaller model.",
-        )
-    return out
+    return out or (_nothing_found(inputs, free),)
+
+
+def _nothing_found(inputs: PlanInputs, pins: Mapping[str, Any]) -> str:
+    """What the searches above established when none of them found a fit — only what was checked."""
+    checked = []
+    if inputs.cluster.device.offload_meaningful and first_fit(inputs, pins) is None:
+        checked.append(f"no cluster of up to {MAX_NODES} nodes of {inputs.cluster.gpu.name} whose GPU count divides "
+                       "the batch fits")  # fmt: skip
+    w = inputs.workload
+    shortest = inputs.model_copy(update={"workload": capped_response(w, 1)})
+    if w.response_len_tokens > 1 and first_fit(shortest, pins) is None:
+        checked.append("not even 1-token responses fit")
+    if not checked:
+        return "no change of offloads, host RAM, GPU count or response length found to fit; see the violations."
+    return "; ".join(checked) + ": use a GPU with more memory or a smaller model."

@@ -70,3 +70,18 @@ def test_pins_that_cannot_fit_get_unpinned_suggestions() -> None:
     failed = search(inp, pins=pins, trials=10).best
     out = suggest(inp, failed, pins)
     assert out and all(s.startswith("without the pinned knobs") for s in out)
+
+
+def test_nothing_found_says_only_what_was_checked() -> None:
+    """72B on one 24 GB L4: more L4s would not fit either (within 64 nodes), and neither do 1-token
+    responses; the sentence says exactly those two things, computed."""
+    from grpo_pilot.hardware import parse_cluster
+    from grpo_pilot.planner.config import Knobs, Workload
+    from grpo_pilot.planner.evaluate import PlanInputs, assess, model_ref
+    from grpo_pilot.planner.suggest import suggest
+    from grpo_pilot.profiles import resolve_model
+
+    w = Workload(prompts_per_step=64, mini_batch_prompts=64, n=8)
+    inputs = PlanInputs(model=model_ref(resolve_model("qwen2.5-72b")), cluster=parse_cluster("1xL4"), workload=w)
+    (only,) = suggest(inputs, assess(inputs, Knobs(rollout_tp=1)), {})
+    assert "not even 1-token responses fit" in only
