@@ -52,7 +52,12 @@ from grpo_pilot.planner.memory.activations import (
     recompute_activation_bytes,
     saved_activation_bytes,
 )
-from grpo_pilot.planner.memory.autocast import head_weight_cast
+from grpo_pilot.planner.memory.autocast import (
+    head_weight_cast,
+    tied_embedding_grad_bytes,
+    tied_head_grad_pending_bytes,
+    unsharded_head_grad_bytes,
+)
 from grpo_pilot.planner.memory.context import MemoryContext, memory_context
 from grpo_pilot.planner.memory.fsdp import (
     FSDP_PREFETCH_LAYERS,
@@ -301,6 +306,11 @@ def update_memory(ctx: MemoryContext) -> dict[str, int]:
         optimizer_step=_optimizer_step_bytes(ctx),
         weight_casts=ctx.policy_cast_bytes,
         head_weight_cast=head_weight_cast(m, c) if ctx.policy_cast_bytes and not _fp32_head(ctx) else 0,
+        head_grad_in_flight=0
+        if ctx.sharded or k.fused_logprob
+        else unsharded_head_grad_bytes(m, c, cast=ctx.policy_cast_bytes > 0),
+        head_grad_pending=tied_head_grad_pending_bytes(m, sharded=ctx.sharded),
+        embedding_grad=tied_embedding_grad_bytes(m, sharded=ctx.sharded),
     )
     return finish(ctx, {**resident(ctx, "update"), **work}, ctx.rollout_leftovers, ctx.trainer_overheads)
 

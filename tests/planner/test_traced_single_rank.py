@@ -234,3 +234,35 @@ def test_hf_decode_loop_trace_matches_the_rollout_model() -> None:
     traced = tr.labels["Activation"] + tr.labels["Autocast Cast"]
     assert sum(gen.items.values()) == pytest.approx(traced, rel=0.03)
     assert tr.labels["Activation"] > rows * (prompt + new) * kv32  # a bf16 cache would be half of this
+
+
+@pytest.mark.parametrize(("prompt", "response", "moment"), [(2048, 16, "head"), (64, 48, "embedding")])
+def test_tied_head_gradient_moments(prompt: int, response: int, moment: str) -> None:
+    """Tied embeddings, a 32k vocabulary, one row per micro-batch and few scored tokens (< h/3, so not the
+    logits): a long prompt peaks right after the LM head's backward (its bf16 weight gradient and that
+    gradient's fp32 copy in flight, 6·V·h, every activation still saved: the H200 Qwen2.5-3B run's peak); a
+    short one at the end of backward (the embedding's dense fp32 gradient, the head's pending one and their
+    sum, 12·V·h). The analytic moments against the trace."""
+    from grpo_pilot.hardware import parse_cluster
+    from grpo_pilot.planner.config import Knobs, Workload
+    from grpo_pilot.planner.estimate import estimate_memory
+    from grpo_pilot.planner.memory.autocast import tied_embedding_grad_bytes, unsharded_head_grad_bytes
+    from grpo_pilot.verify.compare import compare_with_analytic
+
+    tied = TINY.model_copy(update={"tie_word_embeddings": True, "vocab_size": 32768, "name": "tiny-qwen2-tied"})
+    workload = Workload(
+        prompts_per_step=2, mini_batch_prompts=2, n=4, prompt_len_tokens=prompt, response_len_tokens=response
+    )
+    knobs = Knobs(micro_batch_size_per_gpu=1, log_prob_max_token_len_per_gpu=4096, gradient_checkpointing=False)
+    cluster = parse_cluster("1xH100")
+    items = estimate_memory(tied, cluster, workload.worst_case(), knobs).phases["update"].items
+    expected = {
+        "head": unsharded_head_grad_bytes(tied, 2, cast=True),
+        "embedding": tied_embedding_grad_bytes(tied, sharded=False),
+    }
+    assert expected == {"head": 6 * 32768 * 256, "embedding": 12 * 32768 * 256}
+    assert items["layer_backward_temporaries"] == expected[moment]
+    assert items["logits"] == 0 and items["optimizer_step_temporaries"] == 0  # neither the logits nor the step
+    rep = compare_with_analytic(tied, cluster, workload, knobs)
+    assert rep.trace.update.peak_at == "forward_backward"
+    assert abs(rep.update.total_error) < 0.02, rep.update.relative_error

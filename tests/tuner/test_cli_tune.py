@@ -265,7 +265,7 @@ def test_real_crashes_of_a_bad_config_stop_the_sweep(tmp_path):
 )
 def test_real_memory_cap_forces_a_recorded_oom(tmp_path):
     # examples/tiny measures ~7.3 MB of peak tensors at its plan's micro-batch 16, ~4.9 MB at micro-batch 8 and
-    # ~3.7 MB at 4 (the planner predicts ~9.9, ~6.0 and ~4.1 MB: one unsharded cpu rank with GRPO groups of 4
+    # ~3.7 MB at 4 (the planner predicts ~9.5, ~5.9 and ~4.0 MB: one unsharded cpu rank with GRPO groups of 4
     # computes each prompt once, planner/memory/shared_prompts.py). A 6.5 MB cap stops the input plan, which
     # always runs first; the sampler then draws micro-batches 8 and 4, predicted under 1.5x the cap (not far
     # over, the run decides: far-over pruning is tests/tuner/test_sweep.py's), which run and fit.

@@ -86,7 +86,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, events):
 
 def test_far_over_memory_is_pruned_without_running(tmp_path, events):
     plan = tiny_plan()
-    # the input plan is predicted at 1.7x the cap, micro:32 at ~3x; micro:4 (~4.1 MB, its update) under it
+    # the input plan is predicted at 1.7x the cap, micro:32 at ~3x; micro:4 (~4.0 MB, its update) under it
     cap = peak_tensor_bytes(plan) * 6 // 10
     runner = FakeRunner(
         lambda k: failed("oom", "over the cap", phase="update") if k == plan.knobs else measured(rate_of(k), cap // 2)

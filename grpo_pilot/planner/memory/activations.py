@@ -10,15 +10,16 @@ Qwen3-0.6B shapes:
     + 10h                                              fp32 weights under bf16 autocast (one unsharded rank)
 
 16h: the two RMSNorms' float32 upcast of their input, their bf16 output and its bf16 product with the
-weight (8h each); 4·q_dim: the rotary-embedded queries and the attention output; 4·kv_dim: the
-rotary-embedded keys and the values, at the kv heads (SDPA's native GQA: transformers passes
-`enable_gqa` when there is no mask, `integrations/sdpa_attention.use_gqa_in_sdpa`, and the fused
-kernels keep k and v unexpanded); 8I the SwiGLU gate, up, SiLU and product; 4a flash's fp32
-log-sum-exp per head; 8 bytes of bookkeeping. An earlier trace counted 8·q_dim (k and v repeated to
-every query head) and a per-layer mask: on fake tensors transformers cannot read the position ids and
-builds a causal mask, which turns native GQA off; on a GPU there is none (verify/fake_trace.py
-`gpu_attention_masks` makes the trace see what the GPU sees). On the cpu pseudo-device (fp32) the
-2-byte terms scale by c/2.
+weight (8h each; (4 + 2c)·h in general: in fp32 the upcast is the input itself, 12h each); 4·q_dim:
+the rotary-embedded queries and the attention output; 4·kv_dim: the rotary-embedded keys and the
+values, at the kv heads (SDPA's native GQA: transformers passes `enable_gqa` when there is no mask,
+`integrations/sdpa_attention.use_gqa_in_sdpa`, and the fused kernels keep k and v unexpanded); 8I the
+SwiGLU gate, up, SiLU and product; 4a flash's fp32 log-sum-exp per head; 8 bytes of bookkeeping (the
+fp32 unsharded rank on the cpu pseudo-device traced exactly too: 24h + 2·(4·q_dim + 4·kv_dim + 8I) +
+4a + 8). An earlier trace counted 8·q_dim (k and v repeated to every query head) and a per-layer mask:
+on fake tensors transformers cannot read the position ids and builds a causal mask, which turns native
+GQA off; on a GPU there is none (verify/fake_trace.py `gpu_attention_masks` makes the trace see what
+the GPU sees). On the cpu pseudo-device (fp32) the 2-byte terms other than the norms' scale by c/2.
 
 Under autocast (the unsharded rank's fp32 weights, engine/actor.py) the residual stream is float32 (the
 embedding of an fp32 weight is not autocast, and `residual + bf16 output` promotes), so each RMSNorm
@@ -65,15 +66,16 @@ def layer_activation_bytes_per_token(
 ) -> int:
     """Bytes one decoder layer saves for backward per token (no checkpointing, mask excluded); `autocast`:
     fp32 weights computing in bf16 under autocast (module docstring)."""
-    two_byte_terms = 16 * hidden + 4 * q_dim + 4 * kv_dim + 8 * intermediate
+    two_byte_terms = 4 * q_dim + 4 * kv_dim + 8 * intermediate
     if qk_norm:
         two_byte_terms += 6 * (q_dim + kv_dim)
+    norms = 2 * (FP32_BYTES + 2 * compute_bytes) * hidden  # per RMSNorm: fp32 input, normalised copy, output
     fixed = FLASH_LSE_BYTES_PER_HEAD * num_heads + PER_TOKEN_BOOKKEEPING_BYTES
     if qk_norm:
         fixed += QK_NORM_RSQRT_BYTES * (num_heads + num_kv_heads)
     if autocast:
         fixed += AUTOCAST_LAYER_HIDDEN_BYTES * hidden
-    return two_byte_terms * compute_bytes // 2 + fixed
+    return two_byte_terms * compute_bytes // 2 + norms + fixed
 
 
 def attention_mask_bytes(tokens: int, row_tokens: int, compute_bytes: int) -> int:

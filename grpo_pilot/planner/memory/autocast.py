@@ -29,6 +29,7 @@ gathered layers, 0.57 GB), i.e. ≈ the 3.09 GB bf16 copy of the 1.54B parameter
 from __future__ import annotations
 
 from grpo_pilot.profiles.spec import ModelSpec
+from grpo_pilot.units import FP32_BYTES
 
 
 def autocast_cast_params(model: ModelSpec, *, lm_head: bool = True) -> int:
@@ -54,3 +55,30 @@ def head_weight_cast(model: ModelSpec, compute_bytes: int) -> int:
     moments inside the decoder layers (traced: a log-prob pass's layer peak holds every cast but the head's
     and the last layer's down projection)."""
     return compute_bytes * model.vocab_size * model.hidden_size
+
+
+def unsharded_head_grad_bytes(model: ModelSpec, compute_bytes: int, *, cast: bool) -> int:
+    """The LM head's weight gradient in flight on an unsharded rank, at the start of backward: the
+    compute-dtype gradient the head's matmul returns (c·V·h) and, when the head was cast by autocast, its
+    fp32 copy (ToCopyBackward) on its way into the fp32 `.grad` (4·V·h). Traced through the engine's actor
+    (verify/traced.py, the H200 Qwen2.5-3B plan: 1 row of 1022 tokens, 768 scored): the update peaks there,
+    all layers' activations and casts but the head's still held, 12,385 MiB beside the states; the analytic
+    moment 12,378 MiB. Our fused kernel accumulates the fp32 gradient itself (`memory/logits.py`): 0 here."""
+    extra = FP32_BYTES if cast else 0
+    return (compute_bytes + extra) * model.vocab_size * model.hidden_size
+
+
+def tied_head_grad_pending_bytes(model: ModelSpec, *, sharded: bool) -> int:
+    """Tied embeddings on an unsharded rank: the LM head's fp32 gradient (4·V·h) waits in autograd's input
+    buffer for the embedding's contribution to the same leaf, i.e. through every layer's backward (the
+    engine accumulates a leaf's gradient once all its contributions arrived). 0 when untied or sharded."""
+    if sharded or not model.tie_word_embeddings:
+        return 0
+    return FP32_BYTES * model.vocab_size * model.hidden_size
+
+
+def tied_embedding_grad_bytes(model: ModelSpec, *, sharded: bool) -> int:
+    """The end of an unsharded rank's backward with tied embeddings: the embedding's dense fp32 gradient,
+    the head's pending one and their sum, 12·V·h (traced: a tied 32k-vocabulary model's update peaked
+    there at exactly 12·V·h of temporaries, every activation and cast already released)."""
+    return 3 * tied_head_grad_pending_bytes(model, sharded=sharded)
