@@ -104,6 +104,19 @@ def test_missing_engine_extra_is_an_input_error(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_untraceable_plan_is_an_input_error() -> None:
-    args = [a if a != "2xH100" else "1xH100" for a in ARGS]
+    args = [a if a != "param_offload=false" else "param_offload=true" for a in ARGS]
     result = runner.invoke(app, [*args, "--verify"])
-    assert result.exit_code == 2 and "one trainer GPU" in result.output
+    assert result.exit_code == 2 and "param_offload=True" in result.output
+
+
+def test_one_trainer_gpu_plan_is_traced_unsharded() -> None:
+    """One GPU: the engine's unsharded rank (weights in place under autocast) is traced, its bf16 weight
+    casts on a row of their own."""
+    args = [a if a != "2xH100" else "1xH100" for a in ARGS]
+    result = runner.invoke(app, [*args, "--verify", "--json"])
+    assert result.exit_code == 0, result.output
+    verify = json.loads(result.stdout)["verify"]
+    assert verify["world_size"] == 1
+    casts = verify["traced"]["items"]["autocast weight casts"]
+    assert casts > 0 and verify["analytic"]["items"]["autocast weight casts"] == pytest.approx(casts, rel=0.01)
+    assert abs(verify["relative_error"]["total"]) < 0.05

@@ -89,9 +89,17 @@ def render_verify(report: Any, console: Console) -> None:
     tr = report.trace
     kernel = "fused (chunked) log-probs" if tr.fused_logprob else "plain logits"
     ckpt = "on" if tr.gradient_checkpointing else "off"
+    ranks = (
+        f"rank 0 of {report.world_size} FSDP2 ranks"
+        if report.world_size > 1
+        else "one unsharded rank (fp32 weights in place under bf16 autocast)"
+        if tr.numerics == "cuda"
+        else "one unsharded rank"
+    )
+    shared = f", {tr.shared_forwards} shared-prompt forward(s)" if tr.shared_forwards else ""
     console.print(
-        f"\n[bold]Traced vs analytic[/bold] — {report.model_name} on {report.cluster_label}: rank 0 of "
-        f"{report.world_size} FSDP2 ranks, the engine's own actor on fake tensors in {tr.trace_s:.1f} s; "
+        f"\n[bold]Traced vs analytic[/bold] — {report.model_name} on {report.cluster_label}: {ranks}, "
+        f"the engine's own actor on fake tensors in {tr.trace_s:.1f} s{shared}; "
         f"{tr.update_seqs} sequences of {tr.prompt_len_tokens}+{tr.response_len_tokens} tokens in "
         f"{tr.update_micro_batches} update micro-batch(es), checkpointing {ckpt}, {kernel}."
     )

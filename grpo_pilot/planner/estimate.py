@@ -52,6 +52,12 @@ from grpo_pilot.planner.memory.activations import (
     recompute_activation_bytes,
     saved_activation_bytes,
 )
+from grpo_pilot.planner.memory.autocast import (
+    head_weight_cast,
+    tied_embedding_grad_bytes,
+    tied_head_grad_pending_bytes,
+    unsharded_head_grad_bytes,
+)
 from grpo_pilot.planner.memory.context import MemoryContext, memory_context
 from grpo_pilot.planner.memory.fsdp import (
     FSDP_PREFETCH_LAYERS,
@@ -65,6 +71,7 @@ from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_pe
 from grpo_pilot.planner.memory.logits import logprob_logits_bytes
 from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
 from grpo_pilot.planner.memory.optimizer import adam_step_temporary_bytes
+from grpo_pilot.planner.memory.shared_prompts import groups_spanned, shared_positions
 from grpo_pilot.planner.memory.tokens import scored_tokens, sequences_per_sp_group
 from grpo_pilot.planner.memory.ulysses import all_to_all_buffer_bytes
 from grpo_pilot.planner.memory.vllm_budget import forward_bytes_per_token
@@ -73,6 +80,7 @@ from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.reports import MemoryReport, PhaseMemory
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
+from grpo_pilot.units import FP32_BYTES
 
 # Items whose allocation sizes change from one micro-batch (or tensor) to the next: the only ones the
 # caching allocator fragments. Blocks of a repeated size are reused exactly (the persistent states —
@@ -160,37 +168,49 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
     c = ctx.precision.compute_bytes
     batch = min(k.max_num_seqs, sequences_per_sp_group(w.responses_per_step, ctx.layout.trainer_gpus, 1))
     gen = hf_generate_memory(  # the decode loop's buffers are allocated for the maximum lengths
-        batch,
-        w.prompt_len_tokens,
-        w.response_len_tokens,
-        kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, 1, c),
-        forward_bytes_per_token(m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size, 1, c),
-        m.vocab_size,
-        c,
+        batch_seqs=batch,
+        prompt_seqs=groups_spanned(batch, w.n),
+        prompt_tokens=w.prompt_len_tokens,
+        response_tokens=w.response_len_tokens,
+        # the fp32 policy under autocast keeps a float32 cache (memory/hf_generate.py)
+        kv_bytes_per_token=kv_bytes_per_token(
+            m.num_layers, m.num_kv_heads, m.head_dim, 1, FP32_BYTES if ctx.autocast else c
+        ),
+        prefill_bytes_per_token=forward_bytes_per_token(m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size, 1, c),
+        vocab=m.vocab_size,
+        compute_bytes=c,
+        head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
     )
     whole = ctx.sharded and k.hf_generation_weights == "model"
     work = {
-        "autocast_weight_cache": ctx.policy_cast_bytes,  # the decode loop runs the policy under autocast
         # ZeRO-3's GatheredParameters around generate: every parameter in full, beside the shards
         "generation_gathered_model": c * m.num_params if whole else 0,
         "gathered_layers": 0 if whole else ctx.gathered_layers_bytes,
         "root_embed_lm_head": 0 if whole else ctx.root_gathered_bytes,
-        "hf_kv_cache": gen.kv_cache_bytes,
-        "hf_prefill_activations": gen.prefill_bytes,
-        "hf_sampling_logits": gen.sampling_bytes,
+        **gen.items,
     }
     items = finish(ctx, {**resident(ctx, "rollout_hf"), **work}, {}, ctx.trainer_overheads)
     return RolloutMemory(items, gen.kv_cache_bytes, gen.kv_cache_tokens, gen.batch_seqs)
+
+
+def _scored(ctx: MemoryContext, tokens: int) -> int:
+    """Positions whose logits are computed in a micro-batch of `tokens` positions."""
+    return scored_tokens(tokens, ctx.response_share, ctx.executor.scores_all_positions)
+
+
+def _fp32_head(ctx: MemoryContext) -> bool:
+    """Our fused kernel under autocast: the LM head runs on the fp32 weight and hidden states (no cast)."""
+    return ctx.autocast and ctx.knobs.fused_logprob and ctx.executor.logits_kernel == "ours"
 
 
 def _logits_bytes(ctx: MemoryContext, tokens: int, *, training: bool, entropy: str) -> int:
     """The log-prob computation's peak for `tokens` positions per rank (the executor's kernel)."""
     m = ctx.model
     return logprob_logits_bytes(
-        scored_tokens(tokens, ctx.response_share, ctx.executor.scores_all_positions),
+        _scored(ctx, tokens),
         m.vocab_size,
         m.hidden_size,
-        ctx.precision.compute_bytes,
+        FP32_BYTES if _fp32_head(ctx) else ctx.precision.compute_bytes,
         kernel=ctx.executor.logits_kernel,
         training=training,
         fused=ctx.knobs.fused_logprob,
@@ -201,21 +221,27 @@ def _logits_bytes(ctx: MemoryContext, tokens: int, *, training: bool, entropy: s
 def log_prob_memory(ctx: MemoryContext) -> dict[str, int]:
     """Log-prob passes (old policy, then reference): the larger pass is the phase peak."""
     m, c, t = ctx.model, ctx.precision.compute_bytes, ctx.log_prob_tokens
-    row = _row(ctx)
+    row, hb = _row(ctx), FP32_BYTES if ctx.autocast else c  # hb: the residual stream's bytes per element
+    tl, mask, bool_mask = shared_positions(
+        t, ctx.layouts[1], attention_mask_bytes(t, row, c), boolean_mask_bytes(t, row), forward_only=True
+    )
 
     def one_pass(ref_pass: bool) -> dict[str, int]:
         entropy = "metric" if (ctx.executor.log_prob_entropy and not ref_pass) else "none"
+        casts = ctx.ref_cast_bytes if ref_pass else ctx.policy_cast_bytes
         work = log_prob_peak_items(
             root_gathered=ctx.root_gathered_bytes,
             gathered_layers=ctx.gathered_layers_bytes,
             layer_forward=forward_activation_bytes(
-                t, m.hidden_size, m.intermediate_size, c, attention_mask_bytes(t, row, c), boolean_mask_bytes(t, row)
+                tl, m.hidden_size, m.intermediate_size, c, mask, bool_mask, hidden_bytes=hb
             ),
-            head_side=2 * c * m.hidden_size * t,
-            embedding_output=c * m.hidden_size * t,
+            # the logits moment: the final hidden states (autocast: the fp32 normed ones at the scored positions)
+            head_side=FP32_BYTES * m.hidden_size * _scored(ctx, t) if ctx.autocast else 2 * c * m.hidden_size * t,
+            embedding_output=hb * m.hidden_size * tl,
             logits=_logits_bytes(ctx, t, training=False, entropy=entropy),
             all_to_all=all_to_all_buffer_bytes(t, m.q_dim, m.kv_dim, c, ctx.knobs.ulysses_sp),
-            weight_casts=ctx.ref_cast_bytes if ref_pass else ctx.policy_cast_bytes,
+            weight_casts=casts,
+            head_weight_cast=head_weight_cast(m, c) if casts and not _fp32_head(ctx) else 0,
         )
         return finish(
             ctx, {**resident(ctx, "log_prob", ref_pass), **work}, ctx.rollout_leftovers, ctx.trainer_overheads
@@ -243,19 +269,40 @@ def update_memory(ctx: MemoryContext) -> dict[str, int]:
     root_grads, root_rs = root_grad_bytes(
         E, H, compute_bytes=c, reduce_bytes=ctx.precision.grad_bytes, unsharded=unsharded
     )
-    per_tok = ctx.layer_activation_bytes_per_token
+    per_tok, lay, scored = ctx.layer_activation_bytes_per_token, ctx.layouts[0], _scored(ctx, t)
+    tl, mask, bool_mask = shared_positions(t, lay, mask, bool_mask)  # the layers' positions and masks
+    head_side = head_side_activation_bytes(
+        t,
+        m.hidden_size,
+        c,
+        scored=scored,
+        normed=scored if lay else t,
+        autocast=ctx.autocast,
+        head_input_bytes=FP32_BYTES if _fp32_head(ctx) else c,
+    )
     work = update_peak_items(
         root_gathered=ctx.root_gathered_bytes,
         root_tied=m.tie_word_embeddings,
         gathered_layers=ctx.gathered_layers_bytes,
         saved_activations=saved_activation_bytes(
-            t, m.num_layers, per_tok, mask, bool_mask, m.hidden_size, c, k.gradient_checkpointing
+            tl,
+            m.num_layers,
+            per_tok,
+            mask,
+            bool_mask,
+            m.hidden_size,
+            c,
+            k.gradient_checkpointing,
+            head_side=head_side,
+            layer_input_bytes=FP32_BYTES if ctx.autocast else c,
         ),
-        head_side_activations=head_side_activation_bytes(t, m.hidden_size, c),
+        head_side_activations=head_side,
         prefetched_layer=ctx.gathered_layers_bytes // FSDP_PREFETCH_LAYERS,
-        recompute_activations=recompute_activation_bytes(t, per_tok, mask, k.gradient_checkpointing),
+        recompute_activations=recompute_activation_bytes(tl, per_tok, mask, k.gradient_checkpointing),
         logits=_logits_bytes(ctx, t, training=True, entropy=entropy),
-        layer_backward_temporaries=layer_backward_temporary_bytes(t, m.hidden_size, m.intermediate_size, c),
+        layer_backward_temporaries=layer_backward_temporary_bytes(
+            tl, m.hidden_size, m.intermediate_size, c, autocast=ctx.autocast
+        ),
         head_grad=head_grad_bytes(E, H, c, unsharded=unsharded),
         root_grads=root_grads,
         root_reduce_scatter=root_rs,
@@ -265,6 +312,12 @@ def update_memory(ctx: MemoryContext) -> dict[str, int]:
         all_to_all=all_to_all_buffer_bytes(t, m.q_dim, m.kv_dim, c, k.ulysses_sp),
         optimizer_step=_optimizer_step_bytes(ctx),
         weight_casts=ctx.policy_cast_bytes,
+        head_weight_cast=head_weight_cast(m, c) if ctx.policy_cast_bytes and not _fp32_head(ctx) else 0,
+        head_grad_in_flight=0
+        if ctx.sharded or k.fused_logprob
+        else unsharded_head_grad_bytes(m, c, cast=ctx.policy_cast_bytes > 0),
+        head_grad_pending=tied_head_grad_pending_bytes(m, sharded=ctx.sharded),
+        embedding_grad=tied_embedding_grad_bytes(m, sharded=ctx.sharded),
     )
     return finish(ctx, {**resident(ctx, "update"), **work}, ctx.rollout_leftovers, ctx.trainer_overheads)
 

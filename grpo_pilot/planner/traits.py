@@ -42,6 +42,9 @@ the executor behaviour it stands for and the source where it was read:
   `sharded = world_size > 1 or settings.offload`) and TRL only under accelerate's FSDP / ZeRO-3 on several
   processes: one rank runs the plain module, its fp32 weights cast to bf16 by autocast
   (`memory/autocast.py`).
+- shares_prompts: our engine's unsharded actor computes each distinct prompt of a micro-batch once
+  (engine/actor.py `share_prompts and not sharded`, engine/shared_prefix.py; `memory/shared_prompts.py`);
+  verl and TRL feed every completion's prompt.
 - missing_knobs: knobs the executor has no setting for, which the search must not move (they keep
   `Knobs()` defaults): our engine refuses Ulysses SP (engine/assemble.py) and shards over every rank (no
   HSDP `fsdp_size`); TRL's GRPOConfig has no
@@ -74,6 +77,7 @@ class ExecutorTraits(NamedTuple):
     logits_kernel: LogitsKernel
     missing_knobs: frozenset[str] = frozenset()
     fsdp_on_one_rank: bool = False
+    shares_prompts: bool = False
     fused_adamw_on_cpu: bool = False
     balances_batch: bool = False
 
@@ -97,6 +101,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         ref_bytes=BF16_BYTES,
         logits_kernel="ours",
         missing_knobs=frozenset({"ulysses_sp", "fsdp_size"}),
+        shares_prompts=True,
         fused_adamw_on_cpu=True,
     ),
     "verl": ExecutorTraits(

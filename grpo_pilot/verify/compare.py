@@ -5,10 +5,11 @@ update phase and the forward-only log-prob phase, row by row, beside `planner.es
 for the memory the trace can see (tensors; not the CUDA context, NCCL, fragmentation or vLLM leftovers).
 
 What is traced for a plan (the worst case the estimate is taken for: every sequence at its maximum,
-`workload.worst_case()`): rank 0 of the plan's trainer GPUs (the FSDP2 shard degree), the plan's
-micro-batching (sequences per micro-batch, or the token budget), checkpointing and log-prob kernel
-(fused / plain), the reference model when the workload has a KL loss, the old-policy pass when the
-step has several mini-batches or epochs, the entropy bonus when `entropy_coeff` > 0.
+`workload.worst_case()`): rank 0 of the plan's trainer GPUs (the FSDP2 shard degree; one trainer GPU:
+the unsharded rank with its weights in place under autocast), the plan's micro-batching (sequences per
+micro-batch, or the token budget), checkpointing and log-prob kernel (fused / plain), the reference
+model when the workload has a KL loss, the old-policy pass when the step has several mini-batches or
+epochs, the entropy bonus when `entropy_coeff` > 0, and samples in GRPO groups of the workload's n.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import Field
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.profiles.spec import ModelSpec
+from grpo_pilot.verify.single_rank import CAST_LABEL
 from grpo_pilot.verify.traced import ActorTrace, PassTrace, trace_actor_step
 
 ACTS_ROW = "activations, logits, temporaries"  # the tracker splits these by moment, not by item
@@ -40,6 +42,7 @@ ROW_OF_ITEM: dict[str, str] = {
     "logits": ACTS_ROW,
     "layer_backward_temporaries": ACTS_ROW,
     "ulysses_all_to_all": ACTS_ROW,  # always 0 here: Ulysses plans are refused
+    "autocast_weight_cache": "autocast weight casts",
 }
 ROWS: tuple[str, ...] = tuple(dict.fromkeys(ROW_OF_ITEM.values()))
 # Not tensors, or not on the trainer's side: CUDA context, cuBLAS, NCCL, fragmentation, the vLLM leftovers.
@@ -101,20 +104,23 @@ class VerifyReport(Frozen):
 
 
 def traced_rows(labels: dict[str, int], adam_bytes: int, ref_on_device: int, ref_traced: int) -> dict[str, int]:
-    """Tracker labels at a peak -> comparison rows. The sharded-parameter label holds the policy's and the
-    reference's shards; `ref_traced` is the reference's part, `ref_on_device` what of it the plan keeps on
-    the GPU (0 with ref_param_offload)."""
-    opt = labels.get("OptState", 0)
+    """Tracker labels at a peak -> comparison rows. The (sharded) parameter label holds the policy's and the
+    reference's parameters; `ref_traced` is the reference's part, `ref_on_device` what of it the plan keeps
+    on the GPU (0 with ref_param_offload). FSDPMemTracker labels (sharded) and MemTracker labels (one
+    unsharded rank: Parameter, Gradient, Optstate, and autocast's parameter casts) both map here."""
+    opt = labels.get("OptState", 0) + labels.get("Optstate", 0)
     adam = min(opt, adam_bytes)
+    params = labels.get("Sharded Param", 0) + labels.get("Parameter", 0)
     return {
-        "sharded params": labels.get("Sharded Param", 0) + labels.get("Buffer", 0) - ref_traced,
-        "sharded grads": labels.get("Sharded Grad", 0),
+        "sharded params": params + labels.get("Buffer", 0) - ref_traced,
+        "sharded grads": labels.get("Sharded Grad", 0) + labels.get("Gradient", 0),
         "Adam states": adam,
         "reference shard": ref_on_device,
         "optimizer-step temporaries": opt - adam,
         "gathered params": labels.get("Unsharded Param", 0) + labels.get("All Gather", 0),
         "unsharded grads": labels.get("Unsharded Grad", 0) + labels.get("Reduce Scatter", 0),
-        ACTS_ROW: labels.get("Activation", 0) + labels.get("Inputs", 0) + labels.get("Temp", 0),
+        "autocast weight casts": labels.get(CAST_LABEL, 0),
+        ACTS_ROW: sum(labels.get(k, 0) for k in ("Activation", "Inputs", "Temp", "Other")),
     }
 
 
@@ -148,7 +154,7 @@ def phase_check(phase: str, traced: dict[str, int], analytic_items: dict[str, in
     )
 
 
-def _unsupported(cluster: Any, knobs: Any, target: str, trainer_gpus: int) -> list[str]:
+def _unsupported(knobs: Any, target: str) -> list[str]:
     problems = []
     if target != "grpo-pilot":
         problems.append(f"target '{target}' (the trace runs our engine's actor)")
@@ -157,8 +163,6 @@ def _unsupported(cluster: Any, knobs: Any, target: str, trainer_gpus: int) -> li
             problems.append(f"{name}=True (FSDP2 CPUOffloadPolicy keeps the training states in host RAM)")
     if knobs.ulysses_sp > 1:
         problems.append(f"ulysses_sp={knobs.ulysses_sp} (our engine has no sequence parallelism)")
-    if trainer_gpus < 2:
-        problems.append("one trainer GPU (the engine shards only over 2 or more; fake parameters need FSDP2)")
     return problems
 
 
@@ -191,6 +195,7 @@ def trace_inputs(cluster: Any, workload: Any, knobs: Any) -> dict[str, Any]:
         "log_prob_seqs": lp_seqs if (old_pass or workload.use_kl_loss) else 0,
         "log_prob_budget": lp_budget,
         "old_pass": old_pass,
+        "group_size": workload.n,
     }
 
 
@@ -210,12 +215,12 @@ def compare_with_analytic(
 
     workload = workload.worst_case()
     inputs = trace_inputs(cluster, workload, knobs)
-    problems = _unsupported(cluster, knobs, target, inputs["world_size"])
+    problems = _unsupported(knobs, target)
     if problems:
         raise InputError(
             f"--verify cannot trace this plan: {'; '.join(problems)}.",
-            "Verify a plan for target grpo-pilot on 2 or more trainer GPUs without param/optimizer offload and "
-            "without Ulysses (e.g. --pin param_offload=false --pin optimizer_offload=false --pin ulysses_sp=1).",
+            "Verify a plan for target grpo-pilot without param/optimizer offload and without Ulysses "
+            "(e.g. --pin param_offload=false --pin optimizer_offload=false --pin ulysses_sp=1).",
         )
     kl = workload.use_kl_loss
     traced_knobs = knobs.model_copy(
@@ -234,6 +239,7 @@ def compare_with_analytic(
         log_prob_seqs=inputs["log_prob_seqs"],
         old_pass=inputs["old_pass"],
         numerics="cpu" if cluster.gpu.is_cpu else "cuda",
+        group_size=inputs["group_size"],
     )
     notes = []
     ref_on_device = 0 if knobs.ref_param_offload else trace.ref_shard_bytes

@@ -1,8 +1,8 @@
 """The torch plumbing of the traced method (verify/traced.py): HF config from a spec, the fake process
-group, the two tracker adjustments torch 2.13 needs, a fake mode that answers host syncs, and reading
+group, the three tracker adjustments torch 2.13 needs, a fake mode that answers host syncs, and reading
 and steering tracker snapshots.
 
-Adjustments (both undone on exit of `tracker_adjustments`):
+Adjustments (all undone on exit of `tracker_adjustments`):
 - DTensor's sharding propagation runs its shape inference under `detect_fake_mode()`, which inside our
   FakeTensorMode is the tracker's own mode, so the tracker counted those metadata-only ops as memory
   (+9% to +195% on optimizer steps, reference/memory-model.md §7). Patching
@@ -10,6 +10,21 @@ Adjustments (both undone on exit of `tracker_adjustments`):
   tracker skips by identity (`active_fake_mode() is self._fake_mode_on_entry`).
 - The tracker rounds to the CUDA caching allocator's 512-byte block only for `cuda` tensors; fake `cuda`
   tensors cannot run backward on a CPU build, so we trace on `cpu` and apply the rounding to all.
+- The trackers' ModTracker registers gradient hooks on a module's inputs that require grad, in no-grad
+  passes too. With gradient checkpointing transformers makes the embedding output require grad
+  (`enable_input_require_grads`, modeling_utils `gradient_checkpointing_enable`), so in a log-prob pass
+  it is a leaf, and a view of it made under no_grad (the shared-prompt forward's `h[None]`) has no
+  gradient edge: torch asserts. Nothing runs backward through a no-grad pass, so the hook is skipped
+  while grad mode is off (`mod_tracker.register_multi_grad_hook`).
+
+Attention masks (`gpu_attention_masks`): transformers decides from the *values* of the position ids
+and of the padding mask whether it can leave the causal mask to SDPA's `is_causal` (masking_utils
+`find_packed_sequence_indices`, `_ignore_causal_mask_sdpa`); a fake tensor has no values, so it treats
+it as a traced graph and builds a boolean [B, 1, S, S] mask, which turns off SDPA's native GQA
+(`use_gqa_in_sdpa`: k and v are then repeated to every query head) and is converted and kept for
+backward in every layer. On a GPU (and on real cpu tensors) the engine's right-padded rows with
+default positions and the rollout's unpadded prompts get no mask at all. The context answers those two
+questions as real tensors would: no packed sequences, and a padding mask that masks nothing.
 
 Host syncs: the engine's actor reads a few numbers back from tensors (loss metrics, the grad norm,
 the micro-batch count agreed across ranks). A fake tensor has no value, so `HostSyncFakeMode` answers
@@ -78,12 +93,22 @@ def hf_config_from_spec(spec: ModelSpec) -> Any:
 
 @contextmanager
 def tracker_adjustments() -> Iterator[None]:
-    """The two torch 2.13 adjustments of the module docstring, undone on exit."""
+    """The three torch 2.13 adjustments of the module docstring, undone on exit."""
+    import torch
     import torch.distributed._tools.mem_tracker as mem_tracker
+    import torch.distributed._tools.mod_tracker as mod_tracker
     import torch.distributed.tensor._sharding_prop as sharding_prop
 
     saved_detect = sharding_prop.detect_fake_mode
     saved_calc = mem_tracker._WeakRefInfo._calculate_mem_consumed
+    saved_grad_hook = mod_tracker.register_multi_grad_hook
+
+    class _NoHook:
+        def remove(self) -> None:
+            pass
+
+    def grad_hook_when_grad_enabled(tensors: Any, fn: Any, **kwargs: Any) -> Any:
+        return saved_grad_hook(tensors, fn, **kwargs) if torch.is_grad_enabled() else _NoHook()
 
     def rounded(self: Any) -> int:
         raw = self.size * self.element_size
@@ -91,11 +116,13 @@ def tracker_adjustments() -> Iterator[None]:
 
     sharding_prop.detect_fake_mode = lambda *args, **kwargs: None
     mem_tracker._WeakRefInfo._calculate_mem_consumed = rounded
+    mod_tracker.register_multi_grad_hook = grad_hook_when_grad_enabled
     try:
         yield
     finally:
         sharding_prop.detect_fake_mode = saved_detect
         mem_tracker._WeakRefInfo._calculate_mem_consumed = saved_calc
+        mod_tracker.register_multi_grad_hook = saved_grad_hook
 
 
 @contextmanager
@@ -115,6 +142,25 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
         yield init_device_mesh("cpu", (world_size,))
     finally:
         dist.destroy_process_group()
+
+
+@contextmanager
+def gpu_attention_masks() -> Iterator[None]:
+    """transformers' mask decisions for the traced inputs taken as on real tensors (module docstring)."""
+    import transformers.masking_utils as masking
+
+    saved = masking.find_packed_sequence_indices, masking._ignore_causal_mask_sdpa
+    original_ignore = saved[1]
+
+    def ignore_unpadded(padding_mask: Any, *args: Any, **kwargs: Any) -> bool:
+        return original_ignore(None, *args, **kwargs)
+
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    masking._ignore_causal_mask_sdpa = ignore_unpadded
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices, masking._ignore_causal_mask_sdpa = saved
 
 
 def host_sync_fake_mode() -> Any:

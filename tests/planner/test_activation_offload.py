@@ -20,7 +20,7 @@ def test_power_of_two_ceil() -> None:
 def test_tensor_split_sums_to_the_traced_layer_bytes() -> None:
     # Qwen2.5-7B shape: the split must add up to activations.py's traced per-layer bytes
     h, q, kv, i, a = 3584, 3584, 512, 18944, 28
-    split = hf_layer_saved_tensor_bytes(h, q, i, a, compute_bytes=2)
+    split = hf_layer_saved_tensor_bytes(h, q, i, a, kv_dim=kv, compute_bytes=2)
     assert sum(split) == layer_activation_bytes_per_token(h, q, kv, i, a, 2)
 
 
@@ -61,7 +61,7 @@ def test_too_few_layers_disables_it_and_more_tokens_cost_more() -> None:
         checkpointing=False,
     )
     assert short.host_bytes == 0 and short.gpu_saved_bytes == 2 * 800
-    split = hf_layer_saved_tensor_bytes(3584, 3584, 18944, 28, compute_bytes=2)
+    split = hf_layer_saved_tensor_bytes(3584, 3584, 18944, 28, kv_dim=512, compute_bytes=2)
     sizes = [
         activation_offload_bytes(
             num_layers=28,

@@ -127,21 +127,20 @@ def test_vllm_budget_qwen25_7b_util_half_on_a100(spec_of, cluster_of) -> None:
 
 def test_activation_bytes_per_token_per_layer(spec_of) -> None:
     s = spec_of("qwen2.5-7b")
-    # 16h + 8·q_dim + 8I + 4a + 8 = 57,344 + 28,672 + 151,552 + 112 + 8 (traced on this stack)
+    # 16h + 4·q_dim + 4·kv_dim + 8I + 4a + 8 = 57,344 + 14,336 + 2,048 + 151,552 + 112 + 8: k and v at the
+    # kv heads (SDPA's native GQA, no mask on a GPU)
     assert (
         layer_activation_bytes_per_token(
             s.hidden_size, s.q_dim, s.kv_dim, s.intermediate_size, s.num_attention_heads, 2
         )
-        == 237_688
+        == 225_400
     )
-    small = spec_of("qwen2.5-1.5b")  # traced exactly: 108,600 bytes per token per layer
-    assert (
-        layer_activation_bytes_per_token(
-            small.hidden_size, small.q_dim, small.kv_dim, small.intermediate_size, small.num_attention_heads, 2
-        )
-        == 108_600
-    )
-    q3 = spec_of("qwen3-1.7b")  # + q/k RMSNorm: 6·(q_dim + kv_dim) + 4·(a + kv heads); traced 116,904
+    small = spec_of("qwen2.5-1.5b")  # traced exactly (FSDP2, 2 ranks): 103,480 bytes per token per layer
+    args = (small.hidden_size, small.q_dim, small.kv_dim, small.intermediate_size, small.num_attention_heads, 2)
+    assert layer_activation_bytes_per_token(*args) == 103_480
+    # one unsharded rank under autocast (traced exactly): +10h, the fp32 residual stream and per-projection casts
+    assert layer_activation_bytes_per_token(*args, autocast=True) == 103_480 + 10 * 1536 == 118_840
+    q3 = spec_of("qwen3-1.7b")  # + q/k RMSNorm: 6·(q_dim + kv_dim) + 4·(a + kv heads)
     got = layer_activation_bytes_per_token(
         q3.hidden_size,
         q3.q_dim,
@@ -152,7 +151,7 @@ def test_activation_bytes_per_token_per_layer(spec_of) -> None:
         qk_norm=True,
         num_kv_heads=q3.num_kv_heads,
     )
-    assert got == 16 * 2048 + 8 * 2048 + 8 * 6144 + 4 * 16 + 8 + 6 * (2048 + 1024) + 4 * (16 + 8) == 116_904
+    assert got == 16 * 2048 + 4 * 2048 + 4 * 1024 + 8 * 6144 + 4 * 16 + 8 + 6 * (2048 + 1024) + 4 * (16 + 8) == 112_808
     # a packed row of T tokens keeps a T × T bf16 mask per layer
     T = 4096
     assert attention_mask_bytes(T, T, 2) == 2 * T * T

@@ -152,8 +152,13 @@ def test_hf_backend_has_no_vllm_budget_and_no_weight_sync_transfer(est) -> None:
     r = est("qwen2.5-0.5b", "1xA100-80G", rollout_backend="hf", max_num_seqs=32)
     rollout = r.phases["rollout"].items
     assert not any(k.startswith("vllm_") for k in rollout)
-    # 32 sequences × 1536 tokens × (2 × 24 layers × 128 kv_dim × 2 bytes)
-    assert rollout["hf_kv_cache"] == r.kv_cache_bytes_per_gpu == 32 * 1536 * 2 * 24 * 128 * 2
+    # 32 sequences × 1536 tokens × (2 × 24 layers × 128 kv_dim × 4 bytes): the fp32 policy decodes under
+    # autocast into a float32 cache (memory/hf_generate.py)
+    assert rollout["hf_kv_cache"] == r.kv_cache_bytes_per_gpu == 32 * 1536 * 2 * 24 * 128 * 4
+    # the LM head's cast (no autocast cache under inference mode) and the step's and the last step's logits
+    assert rollout["autocast_weight_cache"] == 2 * 151_936 * 896
+    # plus the call's sampling tables: 32 rows' uniforms for every response token (fp32) and the EOS lookup
+    assert rollout["hf_sampling_logits"] == 2 * 2 * 32 * 151_936 + 4 * 32 * 1024 + 151_936 + 1  # 512 + 1024 tokens
     assert r.kv_cache_tokens_per_gpu == 32 * 1536 and r.max_concurrent_seqs == 32
     assert "weight_sync_bucket" not in r.phases["weight_sync"].items
 

@@ -86,8 +86,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, events):
 
 def test_far_over_memory_is_pruned_without_running(tmp_path, events):
     plan = tiny_plan()
-    # the input plan is predicted at 1.7x the cap, the planner's best at ~3x; micro:4 (whose largest phase is the
-    # rollout's, ~8 MB) under it
+    # the input plan is predicted at 1.7x the cap, micro:32 at ~3x; micro:4 (~4.0 MB, its update) under it
     cap = peak_tensor_bytes(plan) * 6 // 10
     runner = FakeRunner(
         lambda k: failed("oom", "over the cap", phase="update") if k == plan.knobs else measured(rate_of(k), cap // 2)
@@ -98,11 +97,11 @@ def test_far_over_memory_is_pruned_without_running(tmp_path, events):
     assert first.source == "input_plan" and first.status == "oom"  # the baseline always runs
     # the planner ranks what fits the cap first: micro:4 (predicted under the cap) runs
     assert small.source == "planner" and small.params == {"update_batch": "micro:4"} and small.status == "ok"
-    # micro:32 is predicted at ~3x the cap; scaled by what micro:4 measured (about half its prediction),
+    # micro:32 is predicted at ~3x the cap; scaled by what micro:4 measured (about 0.7 of its prediction),
     # still over PRUNE_FACTOR: recorded, not run
     ratio = small.measured_peak_bytes / small.predicted_peak_tensor_bytes
     factor = big.predicted_peak_tensor_bytes * ratio / cap
-    assert 0.5 < ratio < 0.7 and factor > PRUNE_FACTOR
+    assert 0.5 < ratio < 0.8 and factor > PRUNE_FACTOR
     assert big.params == {"update_batch": "micro:32"} and big.status == "pruned" and big.steps == 0
     assert f"{factor:.1f}x over memory" in big.prune_reason and "against the cap" in big.prune_reason
     assert f"prediction x{ratio:.2f}" in big.prune_reason
@@ -123,7 +122,7 @@ def test_pruning_follows_what_the_runs_measured(tmp_path, events):
     records = sw.run()
     assert [r.status for r in records] == ["ok", "ok", "ok"]
     assert records[2].params == {"update_batch": "micro:32"}
-    assert records[2].predicted_peak_tensor_bytes > 3 * cap  # by the raw prediction: far over
+    assert records[2].predicted_peak_tensor_bytes > 2.5 * cap  # by the raw prediction: far over (> PRUNE_FACTOR)
 
 
 def test_plain_optuna_has_no_seeds_and_no_pruning(tmp_path, events):

@@ -180,11 +180,13 @@ def decode_batch(
     pre = prefill(model, prompts, pad_id=pad_id, max_new_tokens=max_new_tokens)
     logits, cache, inverse, key_mask, positions = pre.logits, pre.cache, pre.inverse, pre.key_mask, pre.positions
     batch, width = pre.real.shape
+    num_unique = pre.num_unique
+    del pre  # it would hold the prefill's logits [B, V] through the whole loop
     step_mask = _step_mask(model, key_mask)
     # Llama-family decoders step without transformers' per-token wrapping (llama_step.py); it
     # gathers the prefill's keys and values into its own buffers
     fast = LlamaDecodeStep(model, cache, inverse, key_mask) if unsupported_reason(model) is None else None
-    if fast is None and pre.num_unique < len(prompts):
+    if fast is None and num_unique < len(prompts):
         cache.reorder_cache(inverse)  # index_select on the batch dim of every layer's keys and values
     eos = eos_table(eos_ids, logits.shape[-1], device)
     # every draw of the call at once, [max_new_tokens, B, 1] (sampling.py): each row keeps its own after compaction

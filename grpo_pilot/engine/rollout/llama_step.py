@@ -54,7 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+from grpo_pilot.kernels import LLAMA_FAMILY_MODEL_TYPES as SUPPORTED_MODEL_TYPES
+
 _LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
 _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")
 _MLP_PARTS = ("gate_proj", "up_proj", "down_proj", "act_fn")

@@ -38,14 +38,16 @@ def power_of_two_ceil(n: int) -> int:
 
 
 def hf_layer_saved_tensor_bytes(
-    hidden: int, q_dim: int, intermediate: int, num_heads: int, *, compute_bytes: int
+    hidden: int, q_dim: int, intermediate: int, num_heads: int, *, kv_dim: int, compute_bytes: int
 ) -> tuple[int, ...]:
     """Per-token bytes of each tensor an HF decoder layer saves (the split of `activations.py`'s traced
-    16h + 8·q + 8I + 4a + 8 at c = 2): eight hidden-sized, four query-sized (rotated q, k and v as SDPA
-    saves them, the attention output), four intermediate-sized (gate, up, SiLU, product), the fp32
-    log-sum-exp, eight bytes of bookkeeping."""
+    per-layer bytes, 16h + 4·q + 4·kv + 8I + 4a + 8 at c = 2): per RMSNorm its fp32 input, the normalised
+    copy and the output (two norms), the rotated queries and the attention output (query-sized), the keys
+    and values at their kv width (SDPA's native GQA), four intermediate-sized (gate, up, SiLU, product),
+    the fp32 log-sum-exp, eight bytes of bookkeeping."""
     c = compute_bytes
-    return (c * hidden,) * 8 + (c * q_dim,) * 4 + (c * intermediate,) * 4 + (4 * num_heads, 8)
+    norm = (4 * hidden, c * hidden, c * hidden)
+    return norm * 2 + (c * q_dim,) * 2 + (c * kv_dim,) * 2 + (c * intermediate,) * 4 + (4 * num_heads, 8)
 
 
 class ActivationOffload(NamedTuple):

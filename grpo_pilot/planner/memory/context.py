@@ -16,11 +16,12 @@ from grpo_pilot.hardware.device_traits import DeviceTraits
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.lengths import Lengths, lengths_of, micro_batch_tokens, response_share
 from grpo_pilot.planner.memory.activations import layer_activation_bytes_per_token
-from grpo_pilot.planner.memory.autocast import autocast_weight_cache_bytes
+from grpo_pilot.planner.memory.autocast import autocast_cast_params, autocast_weight_cache_bytes
 from grpo_pilot.planner.memory.fsdp import gathered_layers_bytes, root_gathered_bytes
 from grpo_pilot.planner.memory.layout import Layout, layout_for
 from grpo_pilot.planner.memory.model_states import actor_state_bytes, sharded_bytes
 from grpo_pilot.planner.memory.precision import Precision, precision_for
+from grpo_pilot.planner.memory.shared_prompts import SharedLayout, micro_batch_layouts
 from grpo_pilot.planner.memory.tokens import budget_tokens_per_rank, fixed_tokens_per_rank, sequences_per_sp_group
 from grpo_pilot.planner.memory.vllm_budget import VllmBudget, VllmSettings, vllm_budget
 from grpo_pilot.planner.overheads import Overheads
@@ -41,6 +42,7 @@ class MemoryContext(NamedTuple):
     lengths: Lengths
     sharded: bool  # parameters are sharded and gathered (false: one rank using them in place)
     shard_degree: int  # GPUs the model states are sharded over
+    autocast: bool  # fp32 weights used in place under bf16 autocast (memory/autocast.py)
     policy_cast_bytes: int  # autocast's bf16 copies of the policy's weights during its passes (unsharded)
     ref_cast_bytes: int  # the same for the reference model
     has_ref: bool
@@ -60,6 +62,7 @@ class MemoryContext(NamedTuple):
     layer_activation_bytes_per_token: int
     update_tokens: int  # tokens per rank of one update micro-batch
     log_prob_tokens: int  # tokens per rank of one log-prob micro-batch
+    layouts: tuple[SharedLayout | None, ...]  # (update, log-prob) micro-batch in the shared-prompt layout, or None
     response_share: float  # response share of a micro-batch's positions
     device_bytes: int
     overheads: Overheads
@@ -209,6 +212,9 @@ def memory_context(
     update_tokens, log_prob_tokens = micro_batch_tokens_per_rank(
         workload, knobs, executor, lengths=lengths, trainer_gpus=lay.trainer_gpus
     )
+    autocast, c = not sharded and prec.master_bytes != prec.compute_bytes, prec.compute_bytes
+    casts = autocast_cast_params(model, lm_head=not (knobs.fused_logprob and executor.logits_kernel == "ours"))
+    shared = dict(group_size=workload.n, applies=executor.shares_prompts and not sharded, compute_bytes=c)
     return MemoryContext(
         model=model,
         workload=workload,
@@ -220,12 +226,11 @@ def memory_context(
         lengths=lengths,
         sharded=sharded,
         shard_degree=shards,
+        autocast=autocast,
         policy_cast_bytes=autocast_weight_cache_bytes(
-            model.num_params, weight_bytes=prec.master_bytes, compute_bytes=prec.compute_bytes, sharded=sharded
+            casts, weight_bytes=prec.master_bytes, compute_bytes=c, sharded=sharded
         ),
-        ref_cast_bytes=autocast_weight_cache_bytes(
-            model.num_params, weight_bytes=prec.ref_bytes, compute_bytes=prec.compute_bytes, sharded=sharded
-        )
+        ref_cast_bytes=autocast_weight_cache_bytes(casts, weight_bytes=prec.ref_bytes, compute_bytes=c, sharded=sharded)
         if has_ref
         else 0,
         has_ref=has_ref,
@@ -253,9 +258,17 @@ def memory_context(
             prec.compute_bytes,
             qk_norm=model.qk_norm,
             num_kv_heads=model.num_kv_heads,
+            autocast=autocast,
         ),
         update_tokens=update_tokens,
         log_prob_tokens=log_prob_tokens,
+        layouts=micro_batch_layouts(
+            model,
+            lengths,
+            tokens=(update_tokens, log_prob_tokens),
+            autocast=autocast,
+            **shared,  # type: ignore[arg-type]
+        ),
         response_share=response_share(lengths),
         device_bytes=device_bytes,
         overheads=overheads,

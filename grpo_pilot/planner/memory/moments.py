@@ -71,13 +71,22 @@ def update_peak_items(
     all_to_all: int,
     optimizer_step: int,
     weight_casts: int = 0,
+    head_weight_cast: int = 0,
+    head_grad_in_flight: int = 0,
+    head_grad_pending: int = 0,
+    embedding_grad: int = 0,
 ) -> dict[str, int]:
     """Working-set items at the update's peak moment (see module docstring). `saved_activations` includes
     `head_side_activations` (the final norm's saved tensors, part of it); `prefetched_layer` is one
     gathered layer (the backward prefetch at the logits moment). Traced with verify/traced.py through
     the engine's actor (Qwen2.5-1.5B/7B, 16k tokens): per-module backward peaks of FSDPMemTracker.
     `weight_casts`: autocast's bf16 weight copies of an unsharded rank (`memory/autocast.py`), held by
-    autograd from the forward through the backward: in the logits and layer moments."""
+    autograd from the forward through the backward: in the logits and layer moments, less the LM head's
+    (`head_weight_cast`, released by the head's backward) in the layer moment. `head_grad_in_flight`: an
+    unsharded rank's LM-head gradient on its way into `.grad` (`memory/autocast.unsharded_head_grad_bytes`),
+    the head moment: right after the head's backward, every activation still saved. Tied embeddings on an
+    unsharded rank (`memory/autocast.py`): the head's fp32 gradient pending through the layers' backward
+    (`head_grad_pending`, in the layer moment) and the embedding moment at the end (`embedding_grad`)."""
     logits_moment = {
         "autocast_weight_cache": weight_casts,
         "root_embed_lm_head": root_gathered,
@@ -87,14 +96,19 @@ def update_peak_items(
         "ulysses_all_to_all": all_to_all,
     }
     layer_moment = {
-        "autocast_weight_cache": weight_casts,
+        "autocast_weight_cache": weight_casts - head_weight_cast,
         "root_embed_lm_head": root_gathered,
         "gathered_layers": gathered_layers,
         "activations": saved_activations - head_side_activations,
         "recompute_activations": recompute_activations,
-        "layer_backward_temporaries": layer_backward_temporaries,
+        "layer_backward_temporaries": layer_backward_temporaries + head_grad_pending,
         "unsharded_grads": head_grad + layer_reduce_scatter,
         "ulysses_all_to_all": all_to_all,
+    }
+    head_moment = {
+        "autocast_weight_cache": weight_casts - head_weight_cast,
+        "activations": saved_activations,
+        "layer_backward_temporaries": head_grad_in_flight,
     }
     root_moment = {
         "root_embed_lm_head": root_gathered if root_tied else 0,
@@ -102,7 +116,10 @@ def update_peak_items(
         "root_reduce_scatter": root_reduce_scatter,
     }
     step_moment = {"optimizer_step_temporaries": optimizer_step}
-    return _largest([logits_moment, layer_moment, root_moment, step_moment], UPDATE_ITEMS)
+    embedding_moment = {"layer_backward_temporaries": embedding_grad}
+    moments = [logits_moment, layer_moment, root_moment, step_moment, embedding_moment]
+    moments += [head_moment] if head_grad_in_flight else []
+    return _largest(moments, UPDATE_ITEMS)
 
 
 def log_prob_peak_items(
@@ -115,6 +132,7 @@ def log_prob_peak_items(
     all_to_all: int,
     embedding_output: int,
     weight_casts: int = 0,
+    head_weight_cast: int = 0,
 ) -> dict[str, int]:
     """Working-set items at a forward-only pass's peak: inside a layer, at the logits, or at the first
     layer's unshard.
@@ -126,9 +144,10 @@ def log_prob_peak_items(
     all-gather output, 2·root_gathered), layer 0 twice (all-gather output and unsharded copy, the
     `gathered_layers` pair) and the embedding output. It is the peak when few tokens pass (short rows,
     small log-prob micro-batches) and the root is large (big vocabularies). `weight_casts`: autocast's
-    bf16 weight copies of an unsharded rank, all made by the logits (counted whole in every moment)."""
+    bf16 weight copies of an unsharded rank, all made by the logits; the LM head's (`head_weight_cast`)
+    is made at the logits, so absent from the moments inside the layers."""
     layer_moment = {
-        "autocast_weight_cache": weight_casts,
+        "autocast_weight_cache": weight_casts - head_weight_cast,
         "root_embed_lm_head": root_gathered,
         "gathered_layers": gathered_layers,
         "activations": layer_forward,
@@ -141,7 +160,7 @@ def log_prob_peak_items(
         "logits": logits,
     }
     unshard_moment = {
-        "autocast_weight_cache": weight_casts,
+        "autocast_weight_cache": weight_casts - head_weight_cast,
         "root_embed_lm_head": 2 * root_gathered,
         "gathered_layers": gathered_layers,
         "activations": embedding_output,
