@@ -319,6 +319,17 @@ class RankProfile(Frozen):
     phases: dict[str, PhaseComparison] = Field(description="Only the measured fields; the phases it ran.")
 
 
+class AdapterReport(Frozen):
+    """A LoRA run's adapters, measured on its policy (engine/lora.py), and whether the plan modelled them."""
+
+    setting: str = Field(description="The plan's workload.adapter, described (method, rank, targets).")
+    trainable_params: int = Field(ge=0, description="Adapter parameters (the only ones AdamW updates).")
+    trainable_bytes: int = Field(ge=0, description="Their bytes, whole (a sharded run's ranks each hold a share).")
+    plan_models_adapters: bool = Field(
+        description="False: the plan's figures are full fine-tuning's (engine/notes.py `adapters_modelled`)."
+    )
+
+
 class RunProfile(Frozen):
     """The content of profile.json."""
 
@@ -359,6 +370,7 @@ class RunProfile(Frozen):
         description="The hf rollout's bf16 copy of the weights (CUDA), held from the weight sync to the end of the "
         "rollout and counted in those phases' measured peaks; the plan's phases do not include it.",
     )
+    adapter: AdapterReport | None = Field(default=None, description="LoRA / DoRA runs: the adapters (None: full FT).")
     notes: tuple[str, ...] = ()
 
 
@@ -436,6 +448,7 @@ def build_profile(
     rollout_backend: str | None = None,
     allocator: AllocatorReport | None = None,
     rollout_weight_copy_bytes: int = 0,
+    adapter: AdapterReport | None = None,
 ) -> RunProfile:
     """Pure: `steps` = [(step, phase samples aggregated over workers, step wall s, trained tokens)] of this
     process, in order; `ranks` = each worker's own profile (`rank_profile`).
@@ -446,6 +459,7 @@ def build_profile(
     `rollout_backend`: the run's; when it is not the plan's, the plan's memory items describe another engine
     (vLLM reserves a KV cache the hf decode loop never allocates, and the reverse), so no memory error is
     computed: the measured peaks are kept and `memory_not_compared` says why (like with like, or nothing).
+    The same holds for an `adapter` run whose plan does not model adapters (its figures are full fine-tuning's).
     """
     planned = getattr(getattr(plan, "knobs", None), "rollout_backend", None)
     not_compared = (
@@ -454,6 +468,11 @@ def build_profile(
         if rollout_backend is not None and planned is not None and rollout_backend != planned
         else None
     )
+    if not_compared is None and adapter is not None and not adapter.plan_models_adapters:
+        not_compared = (
+            f"the plan predicts full fine-tuning memory, this run trains adapters ({adapter.setting}): grpo-plan does "
+            "not model adapters yet"
+        )
     from grpo_pilot.planner.reports import OVERHEAD_PREFIX
 
     measured = steps[1:] if len(steps) > 1 else steps
@@ -501,5 +520,6 @@ def build_profile(
         ranks=ranks,
         allocator=allocator,
         rollout_weight_copy_bytes=rollout_weight_copy_bytes,
+        adapter=adapter,
         notes=notes,
     )
