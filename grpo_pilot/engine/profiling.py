@@ -357,6 +357,11 @@ class RunProfile(Frozen):
         "rollout backend): the *_rel_error of memory are then None, and memory_not_compared says why.",
     )
     memory_not_compared: str | None = Field(default=None, description="Why memory was not compared (or None).")
+    plan_memory_full_ft: bool = Field(
+        default=False,
+        description="Memory is not compared because the plan's figures are full fine-tuning's and this run trains "
+        "adapters: those figures are still shown beside the measured ones (grpo-run's table), with no error.",
+    )
     num_workers: int = Field(default=1, ge=1, description="Worker processes (ranks) that ran the steps.")
     ranks: tuple[RankProfile, ...] = Field(
         default=(), description="Each worker's own phases (phases above: slowest time, largest peak over these)."
@@ -468,7 +473,8 @@ def build_profile(
         if rollout_backend is not None and planned is not None and rollout_backend != planned
         else None
     )
-    if not_compared is None and adapter is not None and not adapter.plan_models_adapters:
+    full_ft = not_compared is None and adapter is not None and not adapter.plan_models_adapters
+    if full_ft:
         not_compared = (
             f"the plan predicts full fine-tuning memory, this run trains adapters ({adapter.setting}): grpo-plan does "
             "not model adapters yet"
@@ -516,6 +522,7 @@ def build_profile(
         plan_response_len_tokens=plan.workload.response_len_tokens,
         memory_compared=not_compared is None,
         memory_not_compared=not_compared,
+        plan_memory_full_ft=full_ft,
         num_workers=max(1, len(ranks)),
         ranks=ranks,
         allocator=allocator,
