@@ -112,8 +112,12 @@ def adapter_at(adapter: AdapterSettings | None, params: Mapping[str, Any]) -> Ad
         return adapter
     rank = int(params.get(LORA_RANK, adapter_value(adapter, LORA_RANK)))
     targets = str(params.get(LORA_TARGETS, adapter_value(adapter, LORA_TARGETS)))
+    if (rank, targets) == (adapter_value(adapter, LORA_RANK), adapter_value(adapter, LORA_TARGETS)):
+        return adapter
     alpha = None if adapter.alpha is None else adapter.alpha * rank / (adapter.rank or 8)
-    return adapter.model_copy(update={"rank": rank, "alpha": alpha, "target_modules": tuple(targets.split(","))})
+    keys = (*adapter.keys, f"grpo-tune {LORA_RANK}={rank}", f"grpo-tune {LORA_TARGETS}={targets}")
+    update = {"rank": rank, "alpha": alpha, "target_modules": tuple(targets.split(",")), "keys": keys}
+    return adapter.model_copy(update=update)
 
 
 def inputs_at(space: TuneSpace, inputs: Any, params: Mapping[str, Any]) -> Any:
