@@ -286,6 +286,16 @@ class ScoredLogProbs(torch.nn.Module):
         return hidden, to_device(targets, dtype=torch.long, device=device), computed, fed
 
 
+def _placed(policy: torch.nn.Module, device: torch.device, *, sharded: bool) -> torch.nn.Module:
+    """The policy in fp32 master weights: on `device`, or (sharded) where it was built, `fully_shard` moving each
+    rank's shards; a bitsandbytes-quantized base stays as loaded (on its device; transformers refuses `.to(dtype)`)."""
+    if is_quantized(policy):
+        return policy
+    if sharded:
+        return policy.to(dtype=torch.float32)
+    return policy.to(device=device, dtype=torch.float32)
+
+
 class Actor:
     """Owns the policy (fp32 master), its AdamW optimizer, and the frozen reference (initial policy).
 
@@ -315,12 +325,7 @@ class Actor:
         self.sharded = world_size > 1 or settings.offload
         # sharded: the full model stays where it was built (host RAM) and `fully_shard` moves each rank's
         # shards to the device (or keeps them on the host with offload): no full copy on the accelerator
-        if is_quantized(policy):  # bitsandbytes: on its device already, and transformers refuses `.to(dtype)`
-            self.policy = policy
-        elif self.sharded:
-            self.policy = policy.to(dtype=torch.float32)
-        else:
-            self.policy = policy.to(device=device, dtype=torch.float32)
+        self.policy = _placed(policy, device, sharded=self.sharded)
         self.policy.config.use_cache = False
         # peft adapters, in place (self.policy is still the transformers model); None = full fine-tuning
         self.peft = attach_adapters(self.policy, settings.adapter) if settings.adapter is not None else None

@@ -128,6 +128,21 @@ def _check_executable(plan: Plan, backend: str) -> Topology:
     return topology_for(plan)
 
 
+def _check_adapter(plan: Plan, backend: str, topology: Topology, device: torch.device) -> None:
+    """LoRA / QLoRA (the plan's workload.adapter): what this engine cannot run of it, before any worker starts."""
+    adapter, k = plan.workload.adapter, plan.knobs
+    if adapter is None:
+        return
+    offload = k.param_offload or k.optimizer_offload
+    check_adapter_run(
+        adapter,
+        device_type=device.type,
+        train_world=topology.train_world,
+        offload=offload,
+        shares_policy=backend == "hf" and topology.num_workers == 1 and not offload,
+    )
+
+
 def check_executable(plan: Plan, cfg: RunConfig) -> None:
     """What this engine can never run (whatever the memory): refused before the planner's re-check."""
     _check_executable(plan, cfg.rollout_backend or plan.knobs.rollout_backend)
@@ -211,15 +226,7 @@ def build_engine(
             local=local_gpus(),
         )
     device = pick_device(cfg.device)
-    if w.adapter is not None:  # LoRA / QLoRA: what this engine cannot run of it, before any worker starts
-        offload = k.param_offload or k.optimizer_offload
-        check_adapter_run(
-            w.adapter,
-            device_type=device.type,
-            train_world=topology.train_world,
-            offload=offload,
-            shares_policy=backend == "hf" and topology.num_workers == 1 and not offload,
-        )
+    _check_adapter(plan, backend, topology, device)
 
     source = model_source(plan, plan_path)
     tokenizer = build_tokenizer(source)

@@ -440,6 +440,25 @@ def rank_profile(worker: str, device: str, steps: list[dict[str, PhaseSample]]) 
     return RankProfile(worker=worker, device=device, phases=phases)
 
 
+def _memory_not_compared(
+    plan: Any, rollout_backend: str | None, adapter: AdapterReport | None
+) -> tuple[str | None, bool]:
+    """Why the plan's memory is not this run's (None: it is), and whether that is because the plan's figures are
+    full fine-tuning's while the run trains adapters (`RunProfile.plan_memory_full_ft`)."""
+    planned = getattr(getattr(plan, "knobs", None), "rollout_backend", None)
+    if rollout_backend is not None and planned is not None and rollout_backend != planned:
+        return (
+            f"the plan predicts the memory of its '{planned}' rollout, this run used '{rollout_backend}' (re-plan "
+            f"with --pin rollout_backend={rollout_backend} to compare)"
+        ), False
+    if adapter is not None and not adapter.plan_models_adapters:
+        return (
+            f"the plan predicts full fine-tuning memory, this run trains adapters ({adapter.setting}): grpo-plan does "
+            "not model adapters yet"
+        ), True
+    return None, False
+
+
 def build_profile(
     plan: Any,
     steps: list[tuple[int, dict[str, PhaseSample], float, float]],
@@ -466,19 +485,7 @@ def build_profile(
     computed: the measured peaks are kept and `memory_not_compared` says why (like with like, or nothing).
     The same holds for an `adapter` run whose plan does not model adapters (its figures are full fine-tuning's).
     """
-    planned = getattr(getattr(plan, "knobs", None), "rollout_backend", None)
-    not_compared = (
-        f"the plan predicts the memory of its '{planned}' rollout, this run used '{rollout_backend}' (re-plan with "
-        f"--pin rollout_backend={rollout_backend} to compare)"
-        if rollout_backend is not None and planned is not None and rollout_backend != planned
-        else None
-    )
-    full_ft = not_compared is None and adapter is not None and not adapter.plan_models_adapters
-    if full_ft:
-        not_compared = (
-            f"the plan predicts full fine-tuning memory, this run trains adapters ({adapter.setting}): grpo-plan does "
-            "not model adapters yet"
-        )
+    not_compared, full_ft = _memory_not_compared(plan, rollout_backend, adapter)
     from grpo_pilot.planner.reports import OVERHEAD_PREFIX
 
     measured = steps[1:] if len(steps) > 1 else steps
