@@ -10,7 +10,12 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "grpo_pilot"
 # what of the planner the engine may import: the plan and config types, the shared rules
-ENGINE_MAY_IMPORT = {"grpo_pilot.planner.plan", "grpo_pilot.planner.config", "grpo_pilot.planner.rules"}
+ENGINE_MAY_IMPORT = {
+    "grpo_pilot.planner.plan",
+    "grpo_pilot.planner.config",
+    "grpo_pilot.planner.rules",
+    "grpo_pilot.planner.adapters",  # the adapter settings a plan carries and whether its memory models them
+}
 
 
 def _imports(path: Path) -> set[str]:

@@ -21,6 +21,7 @@ from grpo_pilot.cli.plan_inputs import launch_cluster, length_fields, make_workl
 from grpo_pilot.cli.plan_render import list_models, render
 from grpo_pilot.errors import ConditionalFitError, InfeasibleError, InputError
 from grpo_pilot.hardware.cluster import Cluster, parse_cluster, parse_size_bytes
+from grpo_pilot.planner.adapters import adapters_modelled, flag_adapter
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
 from grpo_pilot.planner.plan import Plan, check_plan_out, save_plan
 from grpo_pilot.planner.search import DEFAULT_TRIALS
@@ -214,6 +215,18 @@ def _launch(
     return chosen, cluster, workload, knob_values, notes, target, hf_overrides
 
 
+def _flag_adapter(rank: int | None, alpha: float | None, targets: str, base: str | None, *, launch: bool) -> Any:
+    """Workload.adapter from --lora-rank / --lora-alpha / --lora-targets / --quantize-base (None without them)."""
+    given = rank is not None or alpha is not None or targets != "all-linear" or base is not None
+    if not given:
+        return None
+    if launch:
+        raise InputError("--lora-* and --quantize-base conflict with a launch file.", "Set adapters in the launch.")
+    if rank is None:
+        raise InputError("--lora-alpha, --lora-targets and --quantize-base need --lora-rank.", "Add --lora-rank R.")
+    return flag_adapter(rank, alpha=alpha, targets=targets, base_bits=base)
+
+
 def _with_hf_overrides(inputs: Any, hf_overrides: dict[str, Any]) -> tuple[Any, list[str]]:
     """The plan inputs with the launch's `override_config` applied to the model spec (profiles/config_overrides)."""
     if not hf_overrides:
@@ -327,6 +340,16 @@ def main(
         None, "--plot", help="Write a PNG of memory per phase (stacked items) against usable memory (matplotlib)."
     ),
     list_models_flag: bool = typer.Option(False, "--list-models", help="List bundled models and exit."),
+    lora_rank: Optional[int] = typer.Option(
+        None, "--lora-rank", min=1, help="Train LoRA adapters of rank R on a frozen base (grpo-run: peft)."
+    ),
+    lora_alpha: Optional[float] = typer.Option(None, "--lora-alpha", min=0, help="LoRA alpha (peft default 8)."),
+    lora_targets: str = typer.Option(
+        "all-linear", "--lora-targets", help="Adapted modules: all-linear (every linear but the head) or q_proj,v_proj."
+    ),
+    quantize_base: Optional[str] = typer.Option(
+        None, "--quantize-base", help="With --lora-rank: load the base 4bit (NF4, QLoRA) or 8bit (bitsandbytes, CUDA)."
+    ),
     verify: bool = typer.Option(
         False,
         "--verify",
@@ -372,6 +395,7 @@ def main(
     )
     host_bytes = parse_size_bytes(host_ram) if host_ram else None
     notes: list[str] = []
+    adapter = _flag_adapter(lora_rank, lora_alpha, lora_targets, quantize_base, launch=bool(launch))
     if launch:
         values = (prompts_per_step, mini_batch, n, kl, prompt_len, response_len)
         given = [flag for flag, value in zip(_LAUNCH_SETS, values) if value is not None]
@@ -408,6 +432,7 @@ def main(
             mini_batch_prompts=mini_batch or 256,
             n=n or 5,
             use_kl_loss=True if kl is None else kl,
+            adapter=adapter,
             **length_values,
         )
         from grpo_pilot.planner.make_plan import make_plan
@@ -418,6 +443,11 @@ def main(
         plan = make_plan(inputs, pins=pins, trials=trials or DEFAULT_TRIALS, seed=seed)
         if not plan.fits:
             check_pins(inputs, pins)
+        if adapter is not None and not adapters_modelled(plan):
+            notes.append(
+                f"adapters ({adapter.describe()}) are carried in plan.json for grpo-run, but this estimate is full "
+                "fine-tuning's: grpo-plan does not model adapter memory or time yet"
+            )
     report = None
     if verify:
         from grpo_pilot.cli.plan_verify import verify as verify_plan

@@ -80,7 +80,9 @@ def _summary(records: list[Any], console: Console) -> None:
     console.print(table)
 
 
-def _calibrate_only(base: Any, url: str, name: str, out: Path, quiet: bool, console: Console) -> None:
+def _calibrate_only(
+    base: Any, url: str, name: str, out: Path, quiet: bool, console: Console, sweep_adapter: bool = False
+) -> None:
     """Fit OUT/calibration.json from the study's measured trials (no trial runs, no engine needed)."""
     from grpo_pilot.tuner.report import write_calibration
     from grpo_pilot.tuner.space import build_space
@@ -92,7 +94,7 @@ def _calibrate_only(base: Any, url: str, name: str, out: Path, quiet: bool, cons
             "Run grpo-tune with --config and --trials first, or give --storage/--out of an existing sweep.",
         )
     the_study = open_study(url, name)
-    mine = identity(base, build_space(base))
+    mine = identity(base, build_space(base, sweep_adapter=sweep_adapter))
     if the_study.user_attrs.get("inputs_sha") not in (None, mine["inputs_sha"]):
         raise InputError(
             f"Study '{name}' in {url} was made for another model, cluster, workload or target than this plan.",
@@ -142,6 +144,12 @@ def main(
     steps_per_trial: int = typer.Option(3, min=3, help="GRPO steps per trial; the first is warm-up."),
     trial_timeout: float = typer.Option(900.0, min=1.0, help="Seconds before a trial is killed (start-up included)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no summary table."),
+    sweep_adapter: bool = typer.Option(
+        False,
+        "--sweep-adapter",
+        help="Also vary the LoRA rank (8, 16, 32, 64) and target modules (all-linear, attention, q_proj,v_proj) of a "
+        "plan that trains adapters (grpo-plan --lora-rank).",
+    ),
     calibrate_only: bool = typer.Option(
         False,
         "--calibrate-only",
@@ -171,11 +179,11 @@ def main(
     with DirectoryLock(out, "grpo-tune"):  # a second grpo-tune on this --out is refused with our PID
         try:
             if calibrate_only:
-                _calibrate_only(base, url, study, out, quiet, console)
+                _calibrate_only(base, url, study, out, quiet, console, sweep_adapter)
                 return
             check_plan_out(out / "plan.json", flag="--out")  # the best plan goes there: only over an earlier plan
+            space = build_space(base, sweep_adapter=sweep_adapter)  # before the storage: a refusal leaves nothing
             the_study = open_study(url, study)
-            space = build_space(base)
             setup = prepare(base, space, memory_limit(base, cap), use_prior=True)
             check_identity(the_study, base, setup.space)
         except InputError:

@@ -45,6 +45,11 @@ Gradient accumulation is exact: every micro-batch loss uses the mini-batch's tok
 counts as denominators (`policy_loss(global_num_tokens=, global_num_seqs=)`), so the summed
 gradient equals the mini-batch gradient. Then grad-norm clipping and AdamW.
 
+Adapters (`settings.adapter`, engine/lora.py): peft LoRA / DoRA layers are put into the policy in place;
+only their parameters require grad and reach AdamW, the reference pass is the policy's own forward with
+the adapters disabled (no reference copy), and checkpoints hold the adapters and their optimizer states
+(`lora.checkpoint_states`). A bitsandbytes-quantized base (engine/qlora.py) stays where transformers loaded it.
+
 Precision: fp32 master weights everywhere; on CUDA the forward computes in bf16 (autocast unsharded,
 FSDP2 `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` sharded) and the reference model is
 a bf16 copy; on CPU everything is fp32. AdamW runs the fused kernel on CUDA and on the host.
@@ -70,6 +75,8 @@ from grpo_pilot.engine.algos.logprobs import chunked_token_logprobs, entropy_fro
 from grpo_pilot.engine.algos.policy_loss import policy_loss_terms
 from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
 from grpo_pilot.engine.host_copy import to_device
+from grpo_pilot.engine.lora import attach_adapters, checkpoint_states, load_states
+from grpo_pilot.engine.qlora import is_quantized
 from grpo_pilot.engine.loss_rows import MetricSums, loss_rows
 from grpo_pilot.engine.micro_batches import equalise_bins, plan_micro_batches
 from grpo_pilot.engine.rollout.llama_step import unsupported_reason
@@ -156,7 +163,7 @@ def padded_hidden(model: torch.nn.Module, input_ids: Tensor) -> Tensor:
     `.all()` read per forward), which made the host wait for the GPU at every micro-batch. The layers are still
     called as modules (their FSDP2 and checkpointing wrappers run); any other model runs its own forward."""
     decoder: Any = model.get_decoder()
-    if unsupported_reason(model, allow_sharded=True) is not None:
+    if unsupported_reason(model, allow_sharded=True, allow_adapters=True) is not None:
         return decoder(input_ids=input_ids, use_cache=False).last_hidden_state
     h = decoder.embed_tokens(input_ids)
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
@@ -279,6 +286,16 @@ class ScoredLogProbs(torch.nn.Module):
         return hidden, to_device(targets, dtype=torch.long, device=device), computed, fed
 
 
+def _placed(policy: torch.nn.Module, device: torch.device, *, sharded: bool) -> torch.nn.Module:
+    """The policy in fp32 master weights: on `device`, or (sharded) where it was built, `fully_shard` moving each
+    rank's shards; a bitsandbytes-quantized base stays as loaded (on its device; transformers refuses `.to(dtype)`)."""
+    if is_quantized(policy):
+        return policy
+    if sharded:
+        return policy.to(dtype=torch.float32)
+    return policy.to(device=device, dtype=torch.float32)
+
+
 class Actor:
     """Owns the policy (fp32 master), its AdamW optimizer, and the frozen reference (initial policy).
 
@@ -308,12 +325,14 @@ class Actor:
         self.sharded = world_size > 1 or settings.offload
         # sharded: the full model stays where it was built (host RAM) and `fully_shard` moves each rank's
         # shards to the device (or keeps them on the host with offload): no full copy on the accelerator
-        self.policy = policy.to(dtype=torch.float32) if self.sharded else policy.to(device=device, dtype=torch.float32)
+        self.policy = _placed(policy, device, sharded=self.sharded)
         self.policy.config.use_cache = False
+        # peft adapters, in place (self.policy is still the transformers model); None = full fine-tuning
+        self.peft = attach_adapters(self.policy, settings.adapter) if settings.adapter is not None else None
         numerics = numerics or device.type
         compute_dtype = torch.bfloat16 if numerics == "cuda" else None
         ref: torch.nn.Module | None = None
-        if settings.with_ref:  # frozen copy of the initial policy; bf16 on GPU (what the planner assumes)
+        if settings.with_ref and self.peft is None:  # frozen copy of the initial policy; bf16 on GPU (as planned)
             ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
             if compute_dtype is not None:
                 ref = ref.to(compute_dtype)
@@ -361,13 +380,17 @@ class Actor:
         on_host = numerics == "cpu" or settings.optimizer_offload or settings.param_offload
         self.fused_adamw = on_host or device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(),
+            self.trainable_parameters(),
             lr=settings.lr,
             betas=(settings.adam_beta1, settings.adam_beta2),
             weight_decay=settings.weight_decay,
             fused=True if self.fused_adamw else None,
             foreach=True if numerics == "cuda" and not self.fused_adamw else None,
         )
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What AdamW updates: every parameter, or the adapters only (peft froze the rest)."""
+        return [p for p in self.policy.parameters() if p.requires_grad]
 
     @property
     def ref(self) -> torch.nn.Module | None:
@@ -407,6 +430,10 @@ class Actor:
 
     @contextlib.contextmanager
     def _ref_on_device(self) -> Iterator[ScoredLogProbs]:
+        if self.peft is not None:  # the reference is the base: the policy's forward with its adapters off
+            with self.peft.disable_adapter():
+                yield self.scorer
+            return
         assert self.ref_scorer is not None
         ref = self.ref_scorer.model
         offloaded = not self.sharded and next(ref.parameters()).device != self.device
@@ -510,7 +537,7 @@ class Actor:
             total, stats = micro_batch_loss(rows, loss, num_tokens=global_num_tokens, num_seqs=global_num_seqs)
             total.backward()
             sums.add(stats)  # on the device: nothing is read back per micro-batch
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), st.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), st.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):  # DTensor (FSDP2): the global norm, replicated
             grad_norm = grad_norm.full_tensor()
         if not bool(torch.isfinite(grad_norm)):  # the same global norm on every rank: all stop before the step
@@ -541,19 +568,16 @@ class Actor:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """{"model": ..., "optimizer": ...}: plain tensors on one unsharded rank, DTensor shards when sharded."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        if not self.sharded:
+        """{"model": ..., "optimizer": ...}: plain tensors on one unsharded rank, DTensor shards when sharded; with
+        adapters only theirs (engine/lora.py `checkpoint_states`)."""
+        if not self.sharded and self.peft is None:
             return {"model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
-        model, optim = get_state_dict(self.policy, self.optimizer)
+        model, optim = checkpoint_states(self.policy, self.optimizer)
         return {"model": model, "optimizer": optim}
 
     def load_state_dict(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        if not self.sharded:
+        if not self.sharded and self.peft is None:
             self.policy.load_state_dict(model)
             self.optimizer.load_state_dict(optimizer)
             return
-        set_state_dict(self.policy, self.optimizer, model_state_dict=model, optim_state_dict=optimizer)
+        load_states(self.policy, self.optimizer, model, optimizer)

@@ -5,7 +5,8 @@ tokenised, each prompt between 1 and the plan's prompt_len_tokens), the reward s
 cap against the plan's response length, the KL setting against the plan (a KL loss needs the
 reference model the plan budgeted), the token budgets against the longest sequence, the device, and
 what the engine cannot execute (Ulysses sequence parallelism, hf rollout with tensor parallelism,
-a placement the workers cannot form). The driver keeps the data, sampler and reward; the workers
+a placement the workers cannot form, adapter settings engine/lora.py refuses — QLoRA on a CPU among them).
+The driver keeps the data, sampler and reward; the workers
 (engine/worker.py, engine/workers.py) get a `WorkerSetup` and build the model, actor and rollout.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from grpo_pilot.engine.actor import LossSettings
+from grpo_pilot.engine.lora import check_adapter_run
 from grpo_pilot.engine.data import PromptSampler, PromptSet, load_prompts, render_prompt
 from grpo_pilot.engine.model_factory import build_tokenizer
 from grpo_pilot.engine.ray_cluster import check_local_gpus, in_ray_session, local_gpus
@@ -127,6 +129,21 @@ def _check_executable(plan: Plan, backend: str) -> Topology:
     return topology_for(plan)
 
 
+def _check_adapter(plan: Plan, backend: str, topology: Topology, device: torch.device) -> None:
+    """LoRA / QLoRA (the plan's workload.adapter): what this engine cannot run of it, before any worker starts."""
+    adapter, k = plan.workload.adapter, plan.knobs
+    if adapter is None:
+        return
+    offload = k.param_offload or k.optimizer_offload
+    check_adapter_run(
+        adapter,
+        device_type=device.type,
+        train_world=topology.train_world,
+        offload=offload,
+        shares_policy=backend == "hf" and topology.num_workers == 1 and not offload,
+    )
+
+
 def check_executable(plan: Plan, cfg: RunConfig) -> None:
     """What this engine can never run (whatever the memory): refused before the planner's re-check."""
     _check_executable(plan, cfg.rollout_backend or plan.knobs.rollout_backend)
@@ -166,6 +183,7 @@ def actor_settings(plan: Plan, cfg: RunConfig, loss: LossSettings) -> ActorSetti
         temperature=cfg.temperature,
         with_ref=loss.kl_coef > 0,
         share_prompts=cfg.share_prompts,
+        adapter=plan.workload.adapter,
     )
 
 
@@ -209,6 +227,7 @@ def build_engine(
             local=local_gpus(),
         )
     device = pick_device(cfg.device)
+    _check_adapter(plan, backend, topology, device)
 
     source = model_source(plan, plan_path)
     tokenizer = build_tokenizer(source)

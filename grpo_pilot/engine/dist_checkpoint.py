@@ -7,7 +7,9 @@
 one directory, collectively (every training rank calls `save_actor` together); on one rank without
 a process group it writes the plain tensors the same way. State dicts come from
 `torch.distributed.checkpoint.state_dict.get_state_dict` (parameter names as in the HF model,
-optimizer state keyed by them), so a checkpoint does not depend on how the actor is wrapped. The
+optimizer state keyed by them), so a checkpoint does not depend on how the actor is wrapped. With adapters
+(engine/lora.py) only the trainable parameters and their optimizer states are saved (engine/lora.py
+`checkpoint_states`); the frozen base is rebuilt from the same seed or weights. The
 directory is the driver's temporary checkpoint directory (engine/checkpoint.py renames it once
 every worker is done), so it must be on a filesystem every node sees for multi-node runs.
 Checkpoints of earlier versions (`model.pt` + `optimizer.pt`, one process) still load.
@@ -32,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from grpo_pilot.engine.lora import checkpoint_states, load_states
 from grpo_pilot.engine.rng_state import DAMAGED_HINT, capture_rng, load_rng_file, restore_rng
 from grpo_pilot.errors import InputError
 
@@ -128,9 +131,7 @@ def _quiet() -> Iterator[None]:
 
 
 def _actor_states(actor: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    return get_state_dict(actor.policy, actor.optimizer)
+    return checkpoint_states(actor.policy, actor.optimizer)
 
 
 def save_actor(actor: Any, directory: str | Path) -> None:
@@ -174,7 +175,6 @@ def load_actor(actor: Any, directory: str | Path) -> None:
     nothing in the files can run code (module docstring); a damaged file is an `InputError`."""
     import torch
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     d = Path(directory)
     try:
@@ -189,9 +189,7 @@ def load_actor(actor: Any, directory: str | Path) -> None:
         reader, planner = _safe_reader_and_planner(d / ACTOR_DIR)
         with _quiet():
             dcp.load(state, storage_reader=reader, planner=planner)
-        set_state_dict(
-            actor.policy, actor.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-        )
+        load_states(actor.policy, actor.optimizer, state["model"], state["optimizer"])
     except (InputError, KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException

@@ -51,8 +51,10 @@ from grpo_pilot.engine.device_memory import allocator_report
 from grpo_pilot.engine.failures import CrashError, Interrupted, failure_record
 from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
 from grpo_pilot.engine.metrics import LiveDisplay
-from grpo_pilot.engine.notes import run_notes
+from grpo_pilot.engine.notes import adapter_notes, run_notes
+from grpo_pilot.planner.adapters import adapters_modelled
 from grpo_pilot.engine.profiling import (
+    AdapterReport,
     PhaseSample,
     RunProfile,
     aggregate_phases,
@@ -450,6 +452,8 @@ def _finish(
         and not eng.group.setup.actor.offload,
     )
     infos = eng.group.infos
+    adapter_params, adapter_bytes = max(i.adapter_params for i in infos), max(i.adapter_bytes for i in infos)
+    notes += adapter_notes(plan, adapter_params=adapter_params, adapter_bytes=adapter_bytes)
     ranks = tuple(rank_profile(i.label, i.device, [r.worker_phases[i.index] for r in done]) for i in infos)
     cfg = eng.config
     allocator = allocator_report(
@@ -468,6 +472,14 @@ def _finish(
         rollout_backend=rollout.backend,
         allocator=allocator,
         rollout_weight_copy_bytes=max(i.rollout_weight_copy_bytes for i in infos),
+        adapter=None
+        if plan.workload.adapter is None
+        else AdapterReport(
+            setting=plan.workload.adapter.describe(),
+            trainable_params=adapter_params,
+            trainable_bytes=adapter_bytes,
+            plan_models_adapters=adapters_modelled(plan),
+        ),
     )
     if done:  # a resume with nothing left to do keeps the previous profile.json
         write_profile_json(rd.path / "profile.json", profile)

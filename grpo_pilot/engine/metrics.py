@@ -162,7 +162,8 @@ def summary_table(profile: Any) -> Table:
     Memory is compared like with like — tracked tensor bytes with the plan's tensor items, or process RSS
     with the plan's phase total — and not at all when the plan describes another setup (`memory_compared`
     False: e.g. another rollout backend): the plan and error columns then stay empty and the caption says
-    why. On CPU with the tensor tracker, the process's peak RSS is shown beside it (allocated tensor bytes
+    why (a LoRA run on a plan that does not model adapters keeps the plan's full-fine-tune figures, no error).
+    On CPU with the tensor tracker, the process's peak RSS is shown beside it (allocated tensor bytes
     can exceed what is resident: an engine may reserve memory it never touches)."""
     tensors = any(row.measured_peak_bytes is not None for row in profile.phases.values())
     compared = getattr(profile, "memory_compared", True)
@@ -195,6 +196,8 @@ def summary_table(profile: Any) -> Table:
             else (row.measured_rss_peak_bytes, row.predicted_total_bytes, row.rss_rel_error)
         )
         planned = (_bytes(mem[1]), _pct(mem[2])) if compared else ("—", "—")
+        if getattr(profile, "plan_memory_full_ft", False):  # a LoRA run: the full fine-tune figure, not an error
+            planned = (_bytes(mem[1]), "—")
         extra = (_bytes(row.measured_rss_peak_bytes),) if with_rss else ()
         dev = (
             (_bytes(row.measured_device_peak_bytes), _bytes(row.predicted_total_bytes), _pct(row.device_rel_error))

@@ -135,6 +135,16 @@ def has_weights(directory: Path | None) -> bool:
     return directory is not None and any((directory / f).exists() for f in WEIGHT_FILES)
 
 
+def weights_directory(model: str) -> str | None:
+    """The local directory holding `model`'s weights (what `build_model` loads), or None (alias, config only, GGUF)."""
+    from grpo_pilot.profiles.gguf import is_gguf_ref
+
+    if is_gguf_ref(model):
+        return None
+    _, directory = _config_dict(model)
+    return str(directory) if has_weights(directory) else None
+
+
 def build_model(model: str, *, seed: int = 0, dtype: str = "float32", vocab_size: int | None = None) -> Any:
     """Load weights from a local directory when it has them; otherwise a seeded random init of the shape.
 

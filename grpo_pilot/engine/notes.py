@@ -8,6 +8,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpo_pilot.planner.adapters import adapters_modelled
+
+
+def adapter_notes(plan: Any, *, adapter_params: int, adapter_bytes: int) -> tuple[str, ...]:
+    """What a LoRA run does differently from what its plan says (none without adapters)."""
+    adapter = plan.workload.adapter
+    if adapter is None:
+        return ()
+    notes = (
+        f"adapters: {adapter.describe()}: {adapter_params:,} trainable parameters ({adapter_bytes / 2**20:.2f} MiB) "
+        "on a frozen base; the reference log-probs are the base's (adapters disabled, no second copy) and checkpoints "
+        "hold the adapters and their AdamW states only",
+    )
+    if not adapters_modelled(plan):
+        notes += (
+            "adapters: the plan's memory and time figures are those of full fine-tuning (grpo-plan does not model "
+            "adapters yet: it counts gradients and AdamW states for every parameter and, with a KL loss, a reference "
+            "copy); the measured peaks stand beside them, but memory is not compared",
+        )
+    return notes
+
 
 def run_notes(
     plan: Any,

@@ -319,6 +319,17 @@ class RankProfile(Frozen):
     phases: dict[str, PhaseComparison] = Field(description="Only the measured fields; the phases it ran.")
 
 
+class AdapterReport(Frozen):
+    """A LoRA run's adapters, measured on its policy (engine/lora.py), and whether the plan modelled them."""
+
+    setting: str = Field(description="The plan's workload.adapter, described (method, rank, targets).")
+    trainable_params: int = Field(ge=0, description="Adapter parameters (the only ones AdamW updates).")
+    trainable_bytes: int = Field(ge=0, description="Their bytes, whole (a sharded run's ranks each hold a share).")
+    plan_models_adapters: bool = Field(
+        description="False: the plan's figures are full fine-tuning's (engine/notes.py `adapters_modelled`)."
+    )
+
+
 class RunProfile(Frozen):
     """The content of profile.json."""
 
@@ -346,6 +357,11 @@ class RunProfile(Frozen):
         "rollout backend): the *_rel_error of memory are then None, and memory_not_compared says why.",
     )
     memory_not_compared: str | None = Field(default=None, description="Why memory was not compared (or None).")
+    plan_memory_full_ft: bool = Field(
+        default=False,
+        description="Memory is not compared because the plan's figures are full fine-tuning's and this run trains "
+        "adapters: those figures are still shown beside the measured ones (grpo-run's table), with no error.",
+    )
     num_workers: int = Field(default=1, ge=1, description="Worker processes (ranks) that ran the steps.")
     ranks: tuple[RankProfile, ...] = Field(
         default=(), description="Each worker's own phases (phases above: slowest time, largest peak over these)."
@@ -359,6 +375,7 @@ class RunProfile(Frozen):
         description="The hf rollout's bf16 copy of the weights (CUDA), held from the weight sync to the end of the "
         "rollout and counted in those phases' measured peaks; the plan's phases do not include it.",
     )
+    adapter: AdapterReport | None = Field(default=None, description="LoRA / DoRA runs: the adapters (None: full FT).")
     notes: tuple[str, ...] = ()
 
 
@@ -423,6 +440,25 @@ def rank_profile(worker: str, device: str, steps: list[dict[str, PhaseSample]]) 
     return RankProfile(worker=worker, device=device, phases=phases)
 
 
+def _memory_not_compared(
+    plan: Any, rollout_backend: str | None, adapter: AdapterReport | None
+) -> tuple[str | None, bool]:
+    """Why the plan's memory is not this run's (None: it is), and whether that is because the plan's figures are
+    full fine-tuning's while the run trains adapters (`RunProfile.plan_memory_full_ft`)."""
+    planned = getattr(getattr(plan, "knobs", None), "rollout_backend", None)
+    if rollout_backend is not None and planned is not None and rollout_backend != planned:
+        return (
+            f"the plan predicts the memory of its '{planned}' rollout, this run used '{rollout_backend}' (re-plan "
+            f"with --pin rollout_backend={rollout_backend} to compare)"
+        ), False
+    if adapter is not None and not adapter.plan_models_adapters:
+        return (
+            f"the plan predicts full fine-tuning memory, this run trains adapters ({adapter.setting}): grpo-plan does "
+            "not model adapters yet"
+        ), True
+    return None, False
+
+
 def build_profile(
     plan: Any,
     steps: list[tuple[int, dict[str, PhaseSample], float, float]],
@@ -436,6 +472,7 @@ def build_profile(
     rollout_backend: str | None = None,
     allocator: AllocatorReport | None = None,
     rollout_weight_copy_bytes: int = 0,
+    adapter: AdapterReport | None = None,
 ) -> RunProfile:
     """Pure: `steps` = [(step, phase samples aggregated over workers, step wall s, trained tokens)] of this
     process, in order; `ranks` = each worker's own profile (`rank_profile`).
@@ -446,14 +483,9 @@ def build_profile(
     `rollout_backend`: the run's; when it is not the plan's, the plan's memory items describe another engine
     (vLLM reserves a KV cache the hf decode loop never allocates, and the reverse), so no memory error is
     computed: the measured peaks are kept and `memory_not_compared` says why (like with like, or nothing).
+    The same holds for an `adapter` run whose plan does not model adapters (its figures are full fine-tuning's).
     """
-    planned = getattr(getattr(plan, "knobs", None), "rollout_backend", None)
-    not_compared = (
-        f"the plan predicts the memory of its '{planned}' rollout, this run used '{rollout_backend}' (re-plan with "
-        f"--pin rollout_backend={rollout_backend} to compare)"
-        if rollout_backend is not None and planned is not None and rollout_backend != planned
-        else None
-    )
+    not_compared, full_ft = _memory_not_compared(plan, rollout_backend, adapter)
     measured = steps[1:] if len(steps) > 1 else steps
     phases: dict[str, PhaseComparison] = {}
     for name in RUN_PHASES:
@@ -493,9 +525,11 @@ def build_profile(
         plan_response_len_tokens=plan.workload.response_len_tokens,
         memory_compared=not_compared is None,
         memory_not_compared=not_compared,
+        plan_memory_full_ft=full_ft,
         num_workers=max(1, len(ranks)),
         ranks=ranks,
         allocator=allocator,
         rollout_weight_copy_bytes=rollout_weight_copy_bytes,
+        adapter=adapter,
         notes=notes,
     )

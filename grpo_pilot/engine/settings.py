@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import Field
 
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.adapters import AdapterSettings
 
 
 class ActorSettings(Frozen):
@@ -39,6 +40,11 @@ class ActorSettings(Frozen):
     temperature: float = Field(default=1.0, gt=0.0, description="Log-probs divide the logits by it (sampling T).")
     with_ref: bool = Field(default=False, description="Keep a frozen reference copy of the initial policy.")
     share_prompts: bool = Field(default=True, description="Compute each distinct prompt once per micro-batch.")
+    adapter: AdapterSettings | None = Field(
+        default=None,
+        description="LoRA / DoRA adapters on a frozen base (engine/lora.py; the plan's workload.adapter); None = full "
+        "fine-tuning.",
+    )
 
     @property
     def dynamic_batching(self) -> bool:

@@ -49,7 +49,7 @@ from grpo_pilot.engine.rollout.llama_step import unsupported_reason
 
 def shared_prefix_unsupported(model: Any) -> str | None:
     """Why the shared-prompt forward cannot run `model` (None: it can)."""
-    reason = unsupported_reason(model)
+    reason = unsupported_reason(model, allow_adapters=True)  # every projection is called as a module
     if reason is not None:
         return reason
     if float(getattr(model.config, "attention_dropout", 0.0) or 0.0) != 0.0:

@@ -1,6 +1,7 @@
 """Trainer → rollout weights as named tensors, gathered from FSDP2 shards and moved in buckets.
 
     full_weights(model) -> iterator of (HF name, full tensor)       one parameter gathered at a time
+    policy_weights(model) -> the same, adapters merged when the policy has them (engine/lora.py)
     buckets(weights, bucket_bytes, dtype=) -> iterator of [(name, tensor), ...]
     stream(buckets) -> iterator of (name, tensor)                   what a rollout backend's sync_weights takes
 
@@ -23,6 +24,8 @@ from typing import Any
 
 import torch
 
+from grpo_pilot.engine.lora import is_adapted, merged_weights
+
 WeightBucket = list[tuple[str, torch.Tensor]]
 
 
@@ -37,6 +40,13 @@ def full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         if hasattr(tensor, "full_tensor"):  # FSDP2 / DTensor: gather the full parameter
             tensor = tensor.full_tensor()
         yield name, tensor
+
+
+def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What a rollout engine serving the plain model loads: `full_weights`, or for a policy with peft adapters the
+    merged weights (engine/lora.py `merged_weights`: W + s·B·A per adapted linear, the trainer's parameters
+    untouched), under the same HF names."""
+    return merged_weights(model) if is_adapted(model) else full_weights(model)
 
 
 def buckets(

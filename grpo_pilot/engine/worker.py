@@ -86,6 +86,8 @@ class WorkerInfo(Frozen):
     rss_source: str | None = None
     alloc_conf: str | None = Field(default=None, description="PYTORCH_CUDA_ALLOC_CONF in effect in its process.")
     rollout_weight_copy_bytes: int = Field(default=0, ge=0, description="Its hf rollout's bf16 weight copy.")
+    adapter_params: int = Field(default=0, ge=0, description="Trainable adapter parameters of its policy (0: none).")
+    adapter_bytes: int = Field(default=0, ge=0, description="Their bytes (whole, not this rank's shard).")
 
 
 def free_address() -> tuple[str, int]:
@@ -136,7 +138,7 @@ class Worker:
         from grpo_pilot.engine.actor import Actor
         from grpo_pilot.engine.assemble import pick_device
         from grpo_pilot.engine.device_memory import apply_allocator
-        from grpo_pilot.engine.model_factory import build_model, build_tokenizer
+        from grpo_pilot.engine.model_factory import build_tokenizer
         from grpo_pilot.engine.profiling import PhaseProfiler
 
         st, spec, topo = self.setup, self.spec, self.setup.topology
@@ -152,13 +154,14 @@ class Worker:
         np.random.seed(st.seed)
         torch.manual_seed(st.seed)
         tokenizer = build_tokenizer(st.model_source)
-        policy = build_model(st.model_source, seed=st.seed, vocab_size=st.vocab_size)
+        policy = self._build_policy()
         if spec.rolls_out:
             self.rollout = self._build_rollout(policy, tokenizer)
         if spec.trains:
             self.actor = Actor(
                 policy, device=self.device, settings=st.actor, world_size=topo.train_world, rank=spec.train_rank or 0
             )
+        adapters = self.actor.trainable_parameters() if self.actor is not None and self.actor.peft is not None else []
         self.profiler = PhaseProfiler(str(self.device), cpu_memory=st.cpu_memory, memory_cap_bytes=st.memory_cap_bytes)
         self.profiler.start()
         return WorkerInfo(
@@ -177,7 +180,25 @@ class Worker:
             rollout_weight_copy_bytes=self.rollout.weight_copy_bytes(self.device)
             if hasattr(self.rollout, "weight_copy_bytes")
             else 0,
+            adapter_params=sum(p.numel() for p in adapters),
+            adapter_bytes=sum(p.numel() * p.element_size() for p in adapters),
         )
+
+    def _build_policy(self) -> Any:
+        """This worker's model: the plan's base, loaded 8/4-bit for a QLoRA trainer (engine/qlora.py, CUDA only)."""
+        from grpo_pilot.engine.model_factory import build_model
+        from grpo_pilot.engine.qlora import load_quantized
+
+        st, adapter = self.setup, self.setup.actor.adapter
+        if self.spec.trains and adapter is not None and adapter.base_quantization is not None:
+            return load_quantized(
+                st.model_source,
+                adapter,
+                seed=st.seed,
+                vocab_size=st.vocab_size,
+                gradient_checkpointing=st.actor.gradient_checkpointing,
+            )
+        return build_model(st.model_source, seed=st.seed, vocab_size=st.vocab_size)
 
     def _join_group(self, master: tuple[str, int] | None, rank: int, world: int) -> None:
         """This process's default torch.distributed group: gloo on CPU, NCCL on GPU (module sharding.py)."""
@@ -280,26 +301,26 @@ class Worker:
     def sync_weights(self) -> None:
         """Colocated: gather the trainer's weights bucket by bucket into this worker's own rollout engine (or,
         generating on the trainer's module, refresh the rollout's bf16 copy of it)."""
-        from grpo_pilot.engine.weight_sync import buckets, full_weights, stream
+        from grpo_pilot.engine.weight_sync import buckets, policy_weights, stream
 
         self._release("before_weight_sync")  # before the phase: its peaks start from the released cache
         with self._phase("weight_sync"):
             self.rollout.wake()
             if not self.rollout.shares_policy:
                 bucket = self.setup.rollout.weight_sync_bucket_bytes
-                self.rollout.sync_weights(stream(buckets(full_weights(self.actor.policy), bucket)))
+                self.rollout.sync_weights(stream(buckets(policy_weights(self.actor.policy), bucket)))
             self._release("after_weight_sync")
 
     def publish_weights(self) -> list[Any]:
         """Split, on training ranks: take part in every gather; rank 0 puts each bucket into the object store."""
         import ray
 
-        from grpo_pilot.engine.weight_sync import buckets, full_weights, to_host
+        from grpo_pilot.engine.weight_sync import buckets, policy_weights, to_host
 
         refs = []
         self._release("before_weight_sync")
         with self._phase("weight_sync"):
-            for bucket in buckets(full_weights(self.actor.policy), self.setup.rollout.weight_sync_bucket_bytes):
+            for bucket in buckets(policy_weights(self.actor.policy), self.setup.rollout.weight_sync_bucket_bytes):
                 if self.spec.train_rank == 0:
                     refs.append(ray.put(to_host(bucket)))
             self._release("after_weight_sync")

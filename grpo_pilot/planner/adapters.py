@@ -39,7 +39,9 @@ def show(value: Any) -> str:
 class AdapterSettings(Frozen):
     """What a launch asks of adapters. `keys` names the settings as the launch wrote them."""
 
-    framework: Literal["trl", "axolotl", "verl"]
+    framework: Literal["trl", "axolotl", "verl", "grpo-pilot"] = Field(
+        description="Whose settings these are: a launch's framework, or grpo-plan's own --lora-* flags."
+    )
     method: Literal["lora", "dora", "none"] = Field(description="none: a quantized base without adapters.")
     rank: int | None = Field(default=None, ge=1, description="LoRA rank r.")
     alpha: float | None = Field(default=None, description="LoRA alpha (scaling alpha / r, or / sqrt(r) with rslora).")
@@ -154,6 +156,45 @@ def verl_adapter(rank: int, alpha: Any, targets: Any) -> AdapterSettings:
         alpha=_float(cfg, "lora_alpha") or 16.0,  # verl model.lora_alpha default
         target_modules=_modules(cfg, "target_modules") or ("all-linear",),  # verl model.target_modules default
         keys=(f"model.lora_rank={rank}",),
+    )
+
+
+# Item names by which a plan's memory model shows it counted adapters (docs/families.md §6: adapter states, the
+# frozen base): until the planner's LoRA model is wired into the estimate, a plan with workload.adapter carries
+# full-fine-tuning items only (actor_params, actor_grads, optimizer_states, ref_params).
+ADAPTER_ITEM_MARKERS = ("adapter", "lora", "frozen_base")
+
+
+def adapters_modelled(plan: Any) -> bool:
+    """Whether a plan's memory items model adapters (`ADAPTER_ITEM_MARKERS` in an item name of some phase)."""
+    return any(m in item for phase in plan.phases.values() for item in phase.items for m in ADAPTER_ITEM_MARKERS)
+
+
+def flag_adapter(
+    rank: int, *, alpha: float | None = None, targets: str = "all-linear", base_bits: str | None = None
+) -> AdapterSettings:
+    """grpo-plan's `--lora-rank R [--lora-alpha A] [--lora-targets all-linear|q_proj,v_proj] [--quantize-base B]`.
+
+    Unset alpha keeps peft's `LoraConfig.lora_alpha` default (8; peft 0.21 tuners/lora/config.py); targets default to
+    every linear layer but the head (verl's `model.target_modules` default, all-linear). A 4-bit base is NF4 with
+    double quantization (the QLoRA paper's recipe, arXiv 2305.14314 §3)."""
+    names = tuple(t.strip() for t in targets.split(",") if t.strip())
+    if not names:
+        raise InputError(f"--lora-targets '{targets}' names no module.", "e.g. all-linear or q_proj,v_proj.")
+    if base_bits not in (None, "4bit", "8bit"):
+        raise InputError(f"--quantize-base '{base_bits}' is not 4bit or 8bit.", "Use 4bit (NF4) or 8bit (LLM.int8).")
+    keys = [f"--lora-rank={rank}"] + ([f"--lora-alpha={alpha:g}"] if alpha is not None else [])
+    keys += [f"--lora-targets={','.join(names)}"] + ([f"--quantize-base={base_bits}"] if base_bits else [])
+    return AdapterSettings(
+        framework="grpo-pilot",
+        method="lora",
+        rank=rank,
+        alpha=alpha,
+        target_modules=names,
+        base_quantization=base_bits,  # type: ignore[arg-type]
+        quant_type="nf4" if base_bits == "4bit" else None,
+        double_quant=base_bits == "4bit",
+        keys=tuple(keys),
     )
 
 

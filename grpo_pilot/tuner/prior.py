@@ -28,7 +28,7 @@ from grpo_pilot.planner.evaluate import PlanInputs
 from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.planner.reports import OVERHEAD_PREFIX
-from grpo_pilot.tuner.space import TuneSpace, grid, knobs_at, params_of, point_key
+from grpo_pilot.tuner.space import TuneSpace, grid, inputs_at, knobs_at, params_of, point_key
 
 # "Far over memory": more than 1.5x the limit after the sweep's own correction. The analytic model
 # is within a few percent of traced bytes at real sizes (docs/validation.md), so 50% leaves room for
@@ -128,7 +128,7 @@ def rank(space: TuneSpace, inputs: PlanInputs, limit: MemoryLimit, *, seed: int 
     def score(params: dict[str, Any]) -> tuple[Any, ...]:
         key = point_key(params)
         if key not in scored:
-            plan = evaluate(inputs, knobs_at(space, params))
+            plan = evaluate(inputs_at(space, inputs, params), knobs_at(space, params))
             fits = plan.fits and _under_cap(plan, limit)
             distance = sum(1 for k, v in params.items() if base.get(k) != v)
             order = (not fits, -plan.tokens_per_s, -seqs_per_micro_batch(plan.knobs, seq), distance)
@@ -175,10 +175,14 @@ def _sample(space: TuneSpace, seed: int) -> list[dict[str, Any]]:
 
 
 def prediction_signature(plan: Plan) -> tuple[Any, ...]:
-    """What the planner can tell apart: the verdict, phase times, phase totals and host RAM."""
+    """What the planner can tell apart: the verdict, phase times, phase totals and host RAM; and the adapter rank and
+    targets of an adapter sweep (trial plans that differ there are different runs even where the planner, which does
+    not model adapters yet, predicts them alike)."""
     times = tuple(sorted(plan.phase_times_s.items()))
     memory = tuple(sorted((k, v.total_bytes) for k, v in plan.phases.items()))
-    return plan.fits, times, memory, plan.host.total_bytes
+    adapter = plan.workload.adapter
+    lora = None if adapter is None else (adapter.rank, adapter.target_modules)
+    return plan.fits, times, memory, plan.host.total_bytes, lora
 
 
 def seed_points(space: TuneSpace, ranked: list[Candidate], k: int = SEED_PLANS) -> list[dict[str, Any]]:

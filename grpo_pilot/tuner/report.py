@@ -22,12 +22,14 @@ from pydantic import Field
 from grpo_pilot.atomic import atomic_write_bytes, atomic_write_text
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.adapters import adapters_modelled
 from grpo_pilot.planner.calibration import Calibration, save_calibration
 from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import Plan, save_plan
 from grpo_pilot.tuner.calibrate import fit_calibration
 from grpo_pilot.planner.recheck import plan_inputs
 from grpo_pilot.tuner.records import TrialRecord, trials_frame
+from grpo_pilot.tuner.space import adapter_at
 
 MIB = float(1 << 20)
 CALIBRATION_FILE = "calibration.json"
@@ -64,14 +66,26 @@ def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, fl
 
 
 def best_plan(base: Plan, record: TrialRecord) -> Plan:
-    """The planner's evaluation of the best trial's knobs (what its trial plan was)."""
-    return evaluate(plan_inputs(base), record.knobs)
+    """The planner's evaluation of the best trial's knobs and adapter (what its trial plan was)."""
+    inputs = plan_inputs(base)
+    adapter = adapter_at(base.workload.adapter, record.params)  # --sweep-adapter: the trial's rank and targets
+    if adapter != inputs.workload.adapter:
+        inputs = inputs.model_copy(update={"workload": inputs.workload.model_copy(update={"adapter": adapter})})
+    return evaluate(inputs, record.knobs)
 
 
 def write_calibration(
     out_dir: str | Path, base: Plan, records: list[TrialRecord], *, source: str = ""
 ) -> tuple[Path, Calibration]:
-    """Fit the calibration from the measured records and write OUT/calibration.json atomically."""
+    """Fit the calibration from the measured records and write OUT/calibration.json atomically. Refused (InputError)
+    for trials that trained adapters against plans predicting full fine-tuning: the fit would move the full fine-tune
+    constants toward LoRA's cheaper update."""
+    if base.workload.adapter is not None and not adapters_modelled(base):
+        raise InputError(
+            "the trials trained adapters, while the plans they are compared with predict full fine-tuning (grpo-plan "
+            "does not model adapters yet).",
+            "Calibrate from full fine-tuning trials.",
+        )
     calibration = fit_calibration(plan_inputs(base), records, source=source)
     return save_calibration(calibration, Path(out_dir) / CALIBRATION_FILE), calibration
 

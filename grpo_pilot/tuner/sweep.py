@@ -43,7 +43,7 @@ from grpo_pilot.tuner.prior import (
 )
 from grpo_pilot.tuner.records import RECORD_ATTR, Source, TrialRecord, build_record
 from grpo_pilot.tuner.runner import TrialOutcome, TrialRequest, TrialRunner
-from grpo_pilot.tuner.space import TuneSpace, grid, knobs_at, params_of, point_key
+from grpo_pilot.tuner.space import TuneSpace, grid, inputs_at, knobs_at, params_of, point_key
 from grpo_pilot.tuner.versions import gpu_kind, software_versions
 
 DUPLICATE_LIMIT = 5  # duplicates in a row before an unseen point is queued
@@ -168,7 +168,7 @@ class Sweep:
             trial.set_user_attr("duplicate_of", earlier)
             self.study.tell(trial, state=TrialState.FAIL)
             return None
-        plan = evaluate(self.inputs, knobs_at(self.space, params))
+        plan = evaluate(inputs_at(self.space, self.inputs, params), knobs_at(self.space, params))
         ratio = memory_ratio(
             [
                 (r.measured_peak_bytes, r.predicted_peak_tensor_bytes)

@@ -123,6 +123,8 @@ def rank_update(master, rank: int, world: int, settings: ActorSettings, loss: Lo
 
         def capture(*a, **kw):
             for name, p in actor.policy.named_parameters():
+                if p.grad is None:  # frozen (a LoRA run's base): no gradient
+                    continue
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
                 grads[name] = g.detach().clone()
             return step(*a, **kw)
@@ -136,7 +138,14 @@ def rank_update(master, rank: int, world: int, settings: ActorSettings, loss: Lo
             global_num_tokens=sum(len(s.response_ids) for s in samples),
             global_num_seqs=len(samples),
         )
-        return {"metrics": metrics, "grads": grads, "logprobs": dict(zip(share, logprobs))}
+        after = actor.log_probs(mine)  # the adapted policy after the step (adapters only moved, for LoRA)
+        return {
+            "metrics": metrics,
+            "grads": grads,
+            "logprobs": dict(zip(share, logprobs)),
+            "after": dict(zip(share, after)),
+            "ref": dict(zip(share, ref)) if ref is not None else {},
+        }
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -162,7 +171,8 @@ def _update(ranks, world: int, settings: ActorSettings, loss: LossSettings) -> d
     master = ray.get(ranks[0].address.remote())
     results = ray.get([r.run.remote(master, k, world, settings, loss) for k, r in enumerate(ranks[:world])])
     merged = dict(results[0])
-    merged["logprobs"] = {i: lp for res in results for i, lp in res["logprobs"].items()}
+    for key in ("logprobs", "after", "ref"):
+        merged[key] = {i: lp for res in results for i, lp in res[key].items()}
     return merged
 
 
@@ -190,6 +200,23 @@ def test_two_rank_fsdp2_update_equals_the_one_process_update(ranks, agg, budget)
     # different micro-batches on each side (rank shares, equalised counts): the same mini-batch gradient
     _assert_same_update(two, one)
     assert two["metrics"]["grad_norm"] > 0
+
+
+def test_lora_under_fsdp2_on_two_ranks_equals_one_process(ranks):
+    """peft adapters inside fully_shard'ed layers: the frozen base gets no gradient, the adapters' gradients, the
+    reference pass (adapters disabled) and the policy after the step equal the one-process run."""
+    from grpo_pilot.planner.adapters import flag_adapter
+
+    settings = ActorSettings(max_token_len=40, log_prob_max_token_len=40, gradient_checkpointing=True, lr=1e-2,
+                             max_grad_norm=1e9, with_ref=True, adapter=flag_adapter(4, alpha=8.0))  # fmt: skip
+    loss = LossSettings(loss_agg_mode="token-mean", kl_coef=0.1)
+    one, two = _update(ranks, 1, settings, loss), _update(ranks, 2, settings, loss)
+    _assert_same_update(two, one)
+    assert set(one["grads"]) and all(".lora_A." in n or ".lora_B." in n for n in one["grads"])
+    for i, lp in one["after"].items():
+        torch.testing.assert_close(two["after"][i], lp, rtol=0, atol=2e-5)
+        torch.testing.assert_close(two["ref"][i], one["ref"][i], rtol=0, atol=2e-5)
+    assert max(float((one["after"][i] - one["ref"][i]).abs().max()) for i in one["after"]) > 1e-3
 
 
 def test_offload_gives_the_same_update_on_one_and_two_ranks(ranks):

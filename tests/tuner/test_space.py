@@ -109,3 +109,42 @@ def test_restrict_and_point_key():
     )
     assert point_key({"b": 1, "a": 2}) == point_key({"a": 2, "b": 1})
     assert Knobs().micro_batch_size_per_gpu == 4
+
+
+# ---- --sweep-adapter: LoRA rank and target modules (workload settings, not knobs) ----------------------------
+
+
+def lora_plan():
+    from grpo_pilot.planner.plan import load_plan
+
+    return load_plan("examples/tiny/plan-lora.json")
+
+
+def test_adapter_dimensions_are_opt_in_and_need_a_lora_plan():
+    import pytest
+
+    from grpo_pilot.errors import InputError
+
+    assert not {"lora_rank", "lora_targets"} & set(build_space(lora_plan()).choices)
+    with pytest.raises(InputError, match="fine-tunes every parameter"):
+        build_space(tiny_plan(), sweep_adapter=True)
+    space = build_space(lora_plan(), sweep_adapter=True)
+    assert space.choices["lora_rank"] == (8, 16, 32, 64)
+    assert space.choices["lora_targets"] == ("all-linear", "q_proj,k_proj,v_proj,o_proj", "q_proj,v_proj")
+    assert space.size == build_space(lora_plan()).size * 4 * 3
+
+
+def test_an_adapter_point_changes_the_trial_workload_not_the_knobs():
+    from grpo_pilot.planner.recheck import plan_inputs
+    from grpo_pilot.tuner.space import inputs_at
+
+    plan = lora_plan()
+    space = build_space(plan, sweep_adapter=True)
+    base = params_of(space, plan.knobs)
+    assert base["lora_rank"] == 8 and base["lora_targets"] == "all-linear"
+    assert knobs_at(space, base) == plan.knobs and inputs_at(space, plan_inputs(plan), base) == plan_inputs(plan)
+    point = dict(base, lora_rank=32, lora_targets="q_proj,v_proj")
+    assert knobs_at(space, point) == plan.knobs
+    adapter = inputs_at(space, plan_inputs(plan), point).workload.adapter
+    assert (adapter.rank, adapter.target_modules) == (32, ("q_proj", "v_proj"))
+    assert adapter.alpha == 64.0  # the plan's alpha / r = 16 / 8 kept: the adapters' scaling does not change

@@ -243,3 +243,35 @@ def test_bad_storage_url_is_an_input_error():
     with pytest.raises(InputError, match="Cannot open the study storage"):
         st.open_study("notadb://nowhere", "s")
     assert isinstance(st.open_study(None, "s"), optuna.Study)
+
+
+def test_adapter_sweep_runs_trial_plans_with_their_rank_and_targets(tmp_path, events):
+    from grpo_pilot.planner.plan import load_plan
+    from grpo_pilot.tuner.report import best_plan, write_outputs
+
+    plan = load_plan("examples/tiny/plan-lora.json")
+    seen: list = []
+
+    class AdapterRunner(FakeRunner):
+        def run(self, request):
+            seen.append(load_plan(request.plan_path).workload.adapter)
+            return super().run(request)
+
+    # a made-up machine where smaller adapters are faster
+    runner = AdapterRunner(
+        lambda k: measured(1000.0 / seen[-1].rank * (2 if seen[-1].target_modules == ("q_proj", "v_proj") else 1))
+    )
+    space = build_space(plan, sweep_adapter=True).restrict(["lora_rank", "lora_targets"])
+    study, sw = sweep(tmp_path, runner, events, trials=12, plan=plan, space=space)
+    records = sw.run()
+    assert len(records) == 12  # the whole 4 x 3 grid
+    assert {(a.rank, a.target_modules) for a in seen} == {
+        (r, tuple(t.split(","))) for r in (8, 16, 32, 64) for t in space.choices["lora_targets"]
+    }
+    assert records[0].params == {"lora_rank": 8, "lora_targets": "all-linear"}  # the input plan first
+    best = max(records, key=lambda r: r.measured_tokens_per_s)
+    assert best_plan(plan, best).workload.adapter.rank == 8
+    assert best_plan(plan, best).workload.adapter.target_modules == ("q_proj", "v_proj")
+    outputs = write_outputs(tmp_path / "report", plan, records)
+    assert outputs.calibration_json is None  # full-fine-tune predictions are no base for calibrating LoRA runs
+    assert any("adapters" in n for n in outputs.notes)

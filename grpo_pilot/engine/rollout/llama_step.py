@@ -30,7 +30,8 @@ Two variants of that arithmetic, chosen once per step object:
   transformers computes them.
 
 Supported: model types llama, qwen2, qwen3 (the families of profiles/configs) with SDPA attention,
-every layer full attention (no sliding window) and plain (not FSDP-sharded) parameters — the step
+every layer full attention (no sliding window), plain (not FSDP-sharded) parameters and no peft adapter
+layers (a LoRA run's policy decodes with its own forward) — the step
 calls the layers' parts directly, so per-layer module hooks do not run. Anything else is reported by
 `unsupported_reason` and decoded with the model's own forward instead. The KV cache here is one
 [B, kv_heads, total_len, head_dim] tensor per layer for keys and one for values (what the
@@ -61,9 +62,10 @@ _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")
 _MLP_PARTS = ("gate_proj", "up_proj", "down_proj", "act_fn")
 
 
-def unsupported_reason(model: Any, *, allow_sharded: bool = False) -> str | None:
-    """Why `LlamaDecodeStep` cannot stand in for `model`'s forward (None: it can). `allow_sharded`: for callers
-    that call the decoder's modules (whose FSDP hooks then run), not their parameters."""
+def unsupported_reason(model: Any, *, allow_sharded: bool = False, allow_adapters: bool = False) -> str | None:
+    """Why `LlamaDecodeStep` cannot stand in for `model`'s forward (None: it can). `allow_sharded` / `allow_adapters`:
+    for callers that call the decoder's modules (whose FSDP hooks, or peft LoRA layers, then run), not their
+    parameters: a LoRA projection's `.weight` is its base layer's, so reading it would skip the adapter."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -89,6 +91,15 @@ def unsupported_reason(model: Any, *, allow_sharded: bool = False) -> str | None
             hasattr(layer.mlp, a) for a in _MLP_PARTS
         ):
             return "an attention or MLP block without the Llama layout"
+        if (
+            not allow_adapters
+            and any(
+                hasattr(getattr(block, part), "base_layer")  # peft tuner layers wrap the projection (engine/lora.py)
+                for block, parts in ((layer.self_attn, _ATTN_PARTS[:4]), (layer.mlp, _MLP_PARTS[:3]))
+                for part in parts
+            )
+        ):
+            return "peft adapter layers in the projections (the step reads base weights directly)"
     return None
 
 
