@@ -145,29 +145,13 @@ def policy_loss_terms(
     token under the mask `ratio_min` / `ratio_max` hold ±float max (`policy_loss` drops them)."""
     _check_settings(loss_agg_mode, clip_low, clip_high, clip_c, ratio_level, kl_coef, kl_type, log_ratio_clamp)
     _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs, entropy)
-    if kl_coef > 0.0 and ref_logprobs is None:
-        raise InputError(
-            "kl_coef > 0 needs reference log-probs.",
-            "Pass ref_logprobs (from the frozen reference model) or set kl_coef=0.",
-        )
-    if entropy_coeff != 0.0 and entropy is None:
-        raise InputError(
-            "entropy_coeff != 0 needs per-token entropies.",
-            "Pass entropy (e.g. from chunked_token_logprobs(with_entropy=True)).",
-        )
+    _check_inputs_for_terms(kl_coef, ref_logprobs, entropy_coeff, entropy)
     agg = {"loss_scale_len": loss_scale_len, "global_num_tokens": global_num_tokens, "global_num_seqs": global_num_seqs}
 
     adv = advantages.detach().to(logprobs.dtype)
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
-    weights = mask.to(logprobs.dtype)
     log_ratio = logprobs - old_logprobs.detach()  # [B, T]
-    if ratio_level == "sequence":  # GSPO: length-normalised sequence log-ratio, [B, 1]
-        level_log_ratio = (log_ratio * weights).sum(-1, keepdim=True) / weights.sum(-1, keepdim=True).clamp(min=1.0)
-    else:
-        level_log_ratio = log_ratio
-    if log_ratio_clamp is not None:
-        level_log_ratio = torch.clamp(level_log_ratio, min=-log_ratio_clamp, max=log_ratio_clamp)
-    ratio = torch.exp(level_log_ratio)
+    ratio = torch.exp(_level_log_ratio(log_ratio, mask.to(logprobs.dtype), ratio_level, log_ratio_clamp))
 
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -178,9 +162,9 @@ def policy_loss_terms(
         dual_active = (adv < 0) & (pg > cap)
         pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
     pg_loss = aggregate(pg, mask, loss_agg_mode, **agg)
-    total = pg_loss
 
     stats: dict[str, Tensor] = {"pg_loss": pg_loss.detach()}
+    total = pg_loss
     if ref_logprobs is not None:
         with torch.set_grad_enabled(torch.is_grad_enabled() and kl_coef > 0.0):
             kl_mat = kl_penalty(logprobs, ref_logprobs, kl_type)
@@ -197,20 +181,35 @@ def policy_loss_terms(
         stats["entropy_loss"] = entropy_loss.detach()
         stats["entropy"] = masked_mean(entropy.detach(), mask)
     stats["loss"] = total.detach()
-    stats.update(
-        _clip_stats(
-            ratio.detach(),
-            adv,
-            loss_unclipped.detach(),
-            loss_clipped.detach(),
-            dual_active,
-            log_ratio.detach(),
-            mask,
-            clip_low,
-            clip_high,
+    clip = _clip_stats(
+        ratio.detach(), adv, loss_unclipped.detach(), loss_clipped.detach(), dual_active, log_ratio.detach(), mask,
+        clip_low, clip_high,
+    )  # fmt: skip
+    return total, {**stats, **clip}
+
+
+def _check_inputs_for_terms(
+    kl_coef: float, ref_logprobs: Tensor | None, entropy_coeff: float, entropy: Tensor | None
+) -> None:
+    """The KL and entropy terms need their inputs."""
+    if kl_coef > 0.0 and ref_logprobs is None:
+        raise InputError(
+            "kl_coef > 0 needs reference log-probs.",
+            "Pass ref_logprobs (from the frozen reference model) or set kl_coef=0.",
         )
-    )
-    return total, stats
+    if entropy_coeff != 0.0 and entropy is None:
+        raise InputError(
+            "entropy_coeff != 0 needs per-token entropies.",
+            "Pass entropy (e.g. from chunked_token_logprobs(with_entropy=True)).",
+        )
+
+
+def _level_log_ratio(log_ratio: Tensor, weights: Tensor, ratio_level: str, clamp: float | None) -> Tensor:
+    """The log-ratio the ratio is taken of: per token, or GSPO's length-normalised sequence log-ratio [B, 1];
+    clamped to ±`clamp` (None: not clamped)."""
+    if ratio_level == "sequence":
+        log_ratio = (log_ratio * weights).sum(-1, keepdim=True) / weights.sum(-1, keepdim=True).clamp(min=1.0)
+    return log_ratio if clamp is None else torch.clamp(log_ratio, min=-clamp, max=clamp)
 
 
 def _clip_stats(

@@ -209,12 +209,7 @@ def decode_batch(
         steps = step + 1
         finished |= ends(eos, token)
         if stop is not None:
-            running = (~finished).nonzero().flatten()
-            rows = running.tolist()
-            hits = stop(out[alive[running], max(0, steps - (stop_window or steps)) : steps].tolist()) if rows else []
-            for row, hit in zip(rows, hits):
-                if hit:
-                    finished[row] = True
+            _apply_stop(stop, out[:, max(0, steps - (stop_window or steps)) : steps], alive, finished)
         if steps == max_new_tokens:
             break
         num_finished = int(finished.sum())  # the step's one host sync
@@ -234,11 +229,23 @@ def decode_batch(
         if fast is not None:
             logits = fast(token, last)
         else:
-            logits = model(
-                input_ids=token[:, None],
-                attention_mask=step_mask[..., : width + steps],
-                position_ids=last,
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
+            logits = _model_step(model, token, step_mask[..., : width + steps], last, cache)
     return out[:, :steps].tolist()
+
+
+def _model_step(model: Any, token: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> Tensor:
+    """One decode step through the model's own forward (models the Llama step does not cover): logits [B, V]."""
+    return model(
+        input_ids=token[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+    ).logits[:, -1]
+
+
+def _apply_stop(stop: StopCheck, tails: Tensor, alive: Tensor, finished: Tensor) -> None:
+    """Mark `finished` (in place) the running rows whose generated tail (`tails`: the result's last columns, rows
+    in result order; `alive` maps batch rows to them) the stop check says to stop at."""
+    running = (~finished).nonzero().flatten()
+    rows = running.tolist()
+    hits = stop(tails[alive[running]].tolist()) if rows else []
+    for row, hit in zip(rows, hits):
+        if hit:
+            finished[row] = True
