@@ -20,7 +20,7 @@ from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.plan import Plan
 
-from grpo_pilot.planner.rules import PLAN_PHASES
+from grpo_pilot.planner.rules import PHASE_ORDER
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
@@ -41,7 +41,7 @@ class MemoryBars(Frozen):
 
 def memory_bars(plan: Plan) -> MemoryBars:
     """The plot's data from the plan (pure)."""
-    phases = tuple(p for p in PLAN_PHASES if p in plan.phases)
+    phases = tuple(p for p in PHASE_ORDER if p in plan.phases)
     names: list[str] = []
     for phase in phases:
         names += [n for n in plan.phases[phase].items if n not in names]  # type: ignore[index]

@@ -31,6 +31,7 @@ from grpo_pilot.units import GiB
 
 TARGETS = ("grpo-pilot", "verl", "trl")
 EMITS = ("verl", "trl")
+ALGORITHMS = ("grpo", "ppo")
 _NONE_WORDS = {"none", "null", ""}
 # workload flags a launch file sets itself
 _LAUNCH_SETS = ("--prompts-per-step", "--mini-batch", "--n", "--kl/--no-kl", "--prompt-len", "--response-len")
@@ -295,6 +296,18 @@ def main(
         None, "--headroom-gib", min=0, help="GiB kept free on every GPU (default 5% of the device)."
     ),
     kl: Optional[bool] = typer.Option(None, "--kl/--no-kl", help="KL loss against a frozen reference model (on)."),
+    algorithm: Optional[str] = typer.Option(
+        None,
+        "--algorithm",
+        help="grpo (default: group-relative advantages, no critic) or ppo (GAE with a critic: verl "
+        "adv_estimator=gae; planned for --target verl, the executor that runs it).",
+    ),
+    compare: Optional[str] = typer.Option(
+        None,
+        "--compare",
+        help="Also plan the other algorithm (grpo or ppo) for the same model, cluster and workload and print "
+        "both side by side per phase (memory and time); the target defaults to verl, which runs both.",
+    ),
     from_verl: Optional[str] = typer.Option(
         None, "--from-verl", help="Evaluate a verl launch script (or a file of Hydra overrides) exactly as given."
     ),
@@ -378,6 +391,14 @@ def main(
         raise InputError("--script-args applies to a --from-verl launch script.", "Add --from-verl SCRIPT.")
     if override and not (from_verl or from_trl):
         raise InputError("--override applies to a --from-verl or --from-trl file.", "Use --pin KEY=VALUE for knobs.")
+    for flag, value in (("--algorithm", algorithm), ("--compare", compare)):
+        if value is not None and value not in ALGORITHMS:
+            raise InputError(f"Unknown {flag} '{value}'.", f"Choose one of: {', '.join(ALGORITHMS)}.")
+    if compare is not None and (launch or json_out or compare == (algorithm or "grpo")):
+        raise InputError(
+            "--compare plans the other algorithm beside --algorithm from --model/--gpus; it prints tables only.",
+            "Drop --from-verl/--from-trl and --json, and compare grpo with ppo.",
+        )
     if verify:
         from grpo_pilot.cli.plan_verify import require_engine
 
@@ -397,8 +418,8 @@ def main(
     notes: list[str] = []
     adapter = _flag_adapter(lora_rank, lora_alpha, lora_targets, quantize_base, launch=bool(launch))
     if launch:
-        values = (prompts_per_step, mini_batch, n, kl, prompt_len, response_len)
-        given = [flag for flag, value in zip(_LAUNCH_SETS, values) if value is not None]
+        values = (prompts_per_step, mini_batch, n, kl, prompt_len, response_len, algorithm)
+        given = [flag for flag, value in zip(_LAUNCH_SETS + ("--algorithm",), values) if value is not None]
         if given:
             raise InputError(
                 f"{', '.join(given)} conflict with the launch file, which sets them.",
@@ -425,7 +446,8 @@ def main(
                 f"{missing} {'is' if ' and ' not in missing else 'are'} required.",
                 "Example: grpo-plan --model qwen-32b --gpus 8xA100-80G (see --list-models, --help).",
             )
-        chosen_target = target or emit or "grpo-pilot"  # --emit verl plans for verl's memory behaviour
+        # --emit verl plans for verl's memory behaviour; PPO and --compare for verl, the executor running both
+        chosen_target = target or emit or ("verl" if (compare or algorithm == "ppo") else "grpo-pilot")
         pins = parse_pins(pin)
         workload = make_workload(
             prompts_per_step=prompts_per_step or 1024,
@@ -433,6 +455,7 @@ def main(
             n=n or 5,
             use_kl_loss=True if kl is None else kl,
             adapter=adapter,
+            algorithm=algorithm or "grpo",
             **length_values,
         )
         from grpo_pilot.planner.make_plan import make_plan
@@ -448,6 +471,9 @@ def main(
                 f"adapters ({adapter.describe()}) are carried in plan.json for grpo-run, but this estimate is full "
                 "fine-tuning's: grpo-plan does not model adapter memory or time yet"
             )
+        if compare:
+            other = inputs.model_copy(update={"workload": workload.model_copy(update={"algorithm": compare})})
+            compared = make_plan(other, pins=pins, trials=trials or DEFAULT_TRIALS, seed=seed)
     report = None
     if verify:
         from grpo_pilot.cli.plan_verify import verify as verify_plan
@@ -462,6 +488,10 @@ def main(
             typer.echo(plan_json_with_verify(plan.to_json(), report), nl=False)
     else:
         render(plan, console, pins, notes)
+        if compare:
+            from grpo_pilot.cli.plan_compare import render_compare
+
+            render_compare(plan, compared, console)
         if report is not None:
             from grpo_pilot.cli.plan_verify import render_verify
 

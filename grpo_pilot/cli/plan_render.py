@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
-from grpo_pilot.planner.rules import PLAN_PHASES
+from grpo_pilot.planner.rules import phases_present
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.profiles.catalog import SHORT_ALIASES, all_aliases, resolve_model
 from grpo_pilot.units import GiB, MiB
@@ -146,27 +146,26 @@ def render(plan: Plan, console: Console, pins: dict[str, Any], notes: Iterable[s
         knobs.add_row(key, str(value), str(default), source)
     console.print(knobs)
 
-    unit = _mem_unit(max(plan.phases[ph].total_bytes for ph in PLAN_PHASES))
+    shown = phases_present(plan.phases)  # a PPO plan adds the critic's values and critic_update
+    unit = _mem_unit(max(plan.phases[ph].total_bytes for ph in shown))
     device = "CPU" if c.gpu.is_cpu else "GPU"
     mem = Table(title=f"{device} memory per phase ({unit[0]}, one {'process' if c.gpu.is_cpu else 'GPU'})")
     mem.add_column("item")
-    for phase in PLAN_PHASES:
+    for phase in shown:
         mem.add_column(phase, justify="right")
     names: list[str] = []
-    for phase in PLAN_PHASES:
+    for phase in shown:
         names += [n for n in plan.phases[phase].items if n not in names]
     for name in sorted(names, key=lambda n: (n.startswith("overhead_"), names.index(n))):
-        cells = [plan.phases[ph].items.get(name) for ph in PLAN_PHASES]
+        cells = [plan.phases[ph].items.get(name) for ph in shown]
         if any(cells):
             mem.add_row(name, *[_in(v, unit) if v else "" for v in cells])
     mem.add_section()
-    mem.add_row("[bold]total[/bold]", *[f"[bold]{_in(plan.phases[ph].total_bytes, unit)}[/bold]" for ph in PLAN_PHASES])
+    mem.add_row("[bold]total[/bold]", *[f"[bold]{_in(plan.phases[ph].total_bytes, unit)}[/bold]" for ph in shown])
     if plan.memory_quantile and plan.worst_case_phases:
-        mem.add_row("worst case (all at max)", *[_in(plan.worst_case_phases.get(ph, 0), unit) for ph in PLAN_PHASES])
-    mem.add_row("usable", *[_in(plan.usable_gpu_bytes, unit)] * len(PLAN_PHASES))
-    mem.add_row(
-        "share of usable", *[f"{plan.phases[ph].total_bytes / plan.usable_gpu_bytes:.0%}" for ph in PLAN_PHASES]
-    )
+        mem.add_row("worst case (all at max)", *[_in(plan.worst_case_phases.get(ph, 0), unit) for ph in shown])
+    mem.add_row("usable", *[_in(plan.usable_gpu_bytes, unit)] * len(shown))
+    mem.add_row("share of usable", *[f"{plan.phases[ph].total_bytes / plan.usable_gpu_bytes:.0%}" for ph in shown])
     console.print(mem)
 
     host_unit = _mem_unit(plan.host.total_bytes)
@@ -184,7 +183,7 @@ def render(plan: Plan, console: Console, pins: dict[str, Any], notes: Iterable[s
     time.add_column("phase")
     time.add_column("seconds", justify="right")
     time.add_column("share", justify="right")
-    for phase in PLAN_PHASES:
+    for phase in shown:
         s = plan.phase_times_s[phase]
         time.add_row(phase, secs(s), f"{s / plan.predicted_step_s:.0%}" if plan.predicted_step_s else "")
     time.add_section()

@@ -208,6 +208,26 @@ CATALOG: dict[str, GPUSpec] = {
             "(170 SMs), 32 GB GDDR7 at 1,792 GB/s, PCIe 5.0 x16; nvidia-smi 32607 MiB",
         ),
         _g(
+            "L20",
+            46068 * MiB,
+            119.5,
+            864,
+            PCIE4_X16,
+            "NVIDIA L20 (AD102, 92 SMs, 48 GB GDDR6 at 864 GB/s, PCIe 4.0 x16; the corpus's CI runner 'L20x8'): "
+            "nvidia-smi total taken as the L40S's 46068 MiB (same 48 GB ECC part). BF16 dense 119.5 TF = 92 SMs x "
+            "2.52 GHz x 512 FLOP/clk: NVIDIA publishes no datasheet figure here; uncertain, calibrate by measurement",
+        ),
+        _g(
+            "T4",
+            15095 * MiB,
+            65,
+            320,
+            16 * GB,
+            "NVIDIA T4 datasheet: FP16/FP32 mixed-precision tensor 65 TF dense (no BF16: the 2-byte compute dtype is "
+            "fp16), 16 GB GDDR6 at 320 GB/s, PCIe 3.0 x16 (16 GB/s); memory as torch reports it on Colab's T4, "
+            "'Max memory = 14.741 GB' (huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb output)",
+        ),
+        _g(
             "MI300X",
             196592 * MiB,
             1307,

@@ -14,12 +14,17 @@ from pydantic import Field, model_validator
 
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.adapters import AdapterSettings
+from grpo_pilot.planner.critic_settings import CriticSettings
 from grpo_pilot.planner.rules import num_mini_batches, old_logprob_pass_runs
 from grpo_pilot.planner.traits import TARGET_NAMES, ExecutorTraits
 
 Target = Literal[TARGET_NAMES]  # type: ignore[valid-type]  # the executors of the traits table
 Placement = Literal["colocated", "split"]
-RolloutBackendName = Literal["vllm", "hf"]
+RolloutBackendName = Literal["vllm", "sglang", "hf"]
+Algorithm = Literal["grpo", "ppo"]
+Strategy = Literal["fsdp", "megatron"]
+Recompute = Literal["none", "selective", "full"]
+RecomputeMethod = Literal["uniform", "block"]
 GenerationWeights = Literal["layer", "model"]
 VllmEngine = Literal["v1", "v0"]
 VllmMemory = Literal["instance", "device"]
@@ -84,6 +89,16 @@ class Workload(Frozen):
         description="LoRA / QLoRA training (the user's choice of rank, targets and base quantization); None = full "
         "fine-tuning of every parameter.",
     )
+    algorithm: Algorithm = Field(
+        default="grpo",
+        description="'grpo' (group-relative advantages, no critic) or 'ppo' (GAE with a critic: verl "
+        "algorithm.adv_estimator=gae): a second trained model, its values pass and its update.",
+    )
+    critic: CriticSettings | None = Field(
+        default=None,
+        description="The critic's batching and checkpointing with algorithm 'ppo' (None: verl's defaults, "
+        "derived from the actor's knobs); ignored with 'grpo'.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "Workload":
@@ -103,6 +118,15 @@ class Workload(Frozen):
                 f"({self.response_len_tokens})"
             )
         return self
+
+    @property
+    def has_critic(self) -> bool:
+        return self.algorithm == "ppo"
+
+    @property
+    def critic_settings(self) -> CriticSettings:
+        """The critic's settings (verl's defaults when none were given)."""
+        return self.critic or CriticSettings()
 
     @property
     def seq_len_tokens(self) -> int:
@@ -232,6 +256,50 @@ class Knobs(Frozen):
     )
     split_rollout_gpus_per_node: int = Field(
         default=0, ge=0, description="With placement='split': GPUs per node given to rollout (0 = half)."
+    )
+    # ---- launch families (planner/families.md): Megatron, activation offload, LoRA sync, the critic ----
+    strategy: Strategy = Field(
+        default="fsdp",
+        description="Training backend: 'fsdp' (verl FSDP/FSDP2, TRL, our engine) or 'megatron' (verl "
+        "actor.strategy=megatron: TP x PP (x VPP) x CP x DP with the distributed optimizer).",
+    )
+    megatron_tp: int = Field(default=1, ge=1, description="Megatron tensor_model_parallel_size.")
+    megatron_pp: int = Field(default=1, ge=1, description="Megatron pipeline_model_parallel_size.")
+    megatron_vpp: int = Field(
+        default=1, ge=1, description="Megatron virtual_pipeline_model_parallel_size (1 = verl's null: no interleaving)."
+    )
+    megatron_cp: int = Field(default=1, ge=1, description="Megatron context_parallel_size.")
+    megatron_sequence_parallel: bool = Field(
+        default=True, description="Megatron sequence_parallel (verl default True; meaningful with TP > 1)."
+    )
+    megatron_distributed_optimizer: bool = Field(
+        default=True, description="Megatron use_distributed_optimizer (verl default True)."
+    )
+    megatron_recompute: Recompute = Field(
+        default="none",
+        description="Megatron recompute_granularity (override_transformer_config; verl default null = none).",
+    )
+    megatron_recompute_method: RecomputeMethod = Field(
+        default="uniform", description="Megatron recompute_method for full recompute."
+    )
+    megatron_recompute_num_layers: int = Field(
+        default=1, ge=1, description="Megatron recompute_num_layers for full recompute."
+    )
+    activation_offload: bool = Field(
+        default=False,
+        description="verl model.enable_activation_offload (FSDP): saved activations move to pinned host memory "
+        "layer by layer.",
+    )
+    layered_summon: bool = Field(
+        default=False,
+        description="verl rollout.layered_summon (LoRA under FSDP1): gather one layer at a time to collect the "
+        "adapters for the rollout engine, instead of the whole model.",
+    )
+    critic_param_offload: bool = Field(
+        default=False, description="PPO: the critic's FSDP parameters live in host RAM between its passes."
+    )
+    critic_optimizer_offload: bool = Field(
+        default=False, description="PPO: the critic's Adam states live in host RAM outside its update."
     )
 
     @property

@@ -5,7 +5,8 @@ is (needed − available) / available, for divisibility rules 1.0 when broken), 
 serve the verdict, the message and Optuna's `trial.set_constraint` (feasible when ≤ 0).
 
 Structural rules (no memory estimate needed; reference/verl-config.md "Validation rules"):
-- batch.divisible_by_world — `train_batch_size × n % n_gpus == 0` (verl `validate_config`, FSDP).
+- batch.divisible_by_world — `train_batch_size × n % n_gpus == 0` (verl `validate_config`, FSDP; Megatron:
+  `% (DP × ppo_micro_batch_size_per_gpu)`, verl/utils/config.py L89–L112 at b178a3cd).
 - mini_batch.per_gpu — normalised mini-batch `mini × n ÷ (world/SP)` > 0 (verl fsdp_workers).
 - mini_batch.divisible_by_micro — that mini-batch % `ppo_micro_batch_size_per_gpu` == 0 (not dynamic).
 - micro_batch.set — micro-batch or a token budget must be set (verl actor config).
@@ -19,6 +20,10 @@ Structural rules (no memory estimate needed; reference/verl-config.md "Validatio
 - rollout.batched_tokens_ge_seqs — max_num_batched_tokens ≥ max_num_seqs (vLLM SchedulerConfig).
 - context.max_position — prompt + response ≤ the model's max_position_embeddings (vLLM max_model_len).
 - split.pools — split placement leaves at least one GPU per node to each pool.
+- the launch families' rules (family_constraints.py): Megatron's layout (TP × PP × CP divides the training
+  GPUs, TP divides the heads, PP (× VPP) the layers, interleaving needs PP > 1 and whole micro-batch groups),
+  no FSDP-only knob under Megatron, activation offload's three layers. Under Megatron a data-parallel rank
+  spans TP × PP × CP GPUs: the batch rules count DP ranks, and verl's minimal batch is DP × the micro-batch.
 Memory rules: memory.<phase> ≤ usable GPU bytes; host_ram ≤ host RAM per node; rollout.kv_cache
 holds one max-length request (vLLM refuses to start otherwise).
 """
@@ -27,37 +32,16 @@ from __future__ import annotations
 
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.hardware.gpus import GiB
-from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs, Target, Workload
+from grpo_pilot.planner.constraints_base import Check
+from grpo_pilot.planner.constraints_base import check as _check
+from grpo_pilot.planner.constraints_base import rule as _rule
 from grpo_pilot.planner.reports import MemoryReport
 from grpo_pilot.planner.roofline import pools
-from grpo_pilot.planner.rules import PLAN_PHASES, heads_divisible
+from grpo_pilot.planner.family_constraints import family_checks, megatron_model_parallel, minimal_batch
+from grpo_pilot.planner.rules import heads_divisible, phases_present
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
-
-BROKEN = 1.0  # excess of a broken divisibility rule
-
-
-class Check(Frozen):
-    """One rule evaluated for one configuration."""
-
-    rule: str
-    excess: float
-    binding: str
-    message: str
-
-    @property
-    def ok(self) -> bool:
-        return self.excess <= 0.0
-
-
-def _check(rule: str, excess: float, binding: str, message: str) -> Check:
-    # built thousands of times per search from values computed here: no validation in the loop
-    return Check.model_construct(rule=rule, excess=float(excess), binding=binding, message=message)
-
-
-def _rule(rule: str, ok: bool, message: str) -> Check:
-    return _check(rule, 0.0 if ok else BROKEN, rule, "" if ok else message)
 
 
 def _gib(n: float) -> str:
@@ -74,16 +58,18 @@ def structural_checks(
     times_sp = f" × ulysses_sp={sp}" if scale > 1 else ""
     responses = workload.responses_per_step
     dp = train_gpus // sp if sp <= train_gpus else 0
+    if knobs.strategy == "megatron":  # a data-parallel rank spans TP × PP × CP GPUs (verl validate_config)
+        dp = train_gpus // megatron_model_parallel(knobs)
     mini_per_gpu = workload.mini_batch_prompts * workload.n // dp if dp else 0
     micro = knobs.micro_batch_size_per_gpu
-    vllm = knobs.rollout_backend == "vllm"
+    vllm = knobs.rollout_backend != "hf"  # a rollout engine with its own TP (vLLM or SGLang)
     heads, kv = spec.num_attention_heads, spec.num_kv_heads
     checks = [
         _rule(
             "batch.divisible_by_world",
-            responses % train_gpus == 0,
-            f"prompts per step × n = {responses} is not divisible by the {train_gpus} training GPUs "
-            "(verl validate_config).",
+            responses % minimal_batch(knobs, train_gpus, dp) == 0,
+            f"prompts per step × n = {responses} is not divisible by {minimal_batch(knobs, train_gpus, dp)} "
+            "(the training GPUs; with Megatron DP × micro-batch: verl validate_config).",
         ),
         _rule(
             "mini_batch.per_gpu",
@@ -135,7 +121,7 @@ def structural_checks(
         ),
         _rule(
             "rollout.batched_tokens_ge_seqs",
-            not vllm or knobs.max_num_batched_tokens >= knobs.max_num_seqs,
+            knobs.rollout_backend != "vllm" or knobs.max_num_batched_tokens >= knobs.max_num_seqs,
             f"max_num_batched_tokens={knobs.max_num_batched_tokens} is below max_num_seqs={knobs.max_num_seqs} (vLLM).",
         ),
         _rule(
@@ -152,7 +138,7 @@ def structural_checks(
             f"({cluster.gpus_per_node} per node, split_rollout_gpus_per_node={knobs.split_rollout_gpus_per_node}).",
         ),
     ]
-    return tuple(checks)
+    return tuple(checks) + family_checks(spec, workload, knobs, train_gpus=train_gpus, dp=dp)
 
 
 def memory_checks(
@@ -171,7 +157,7 @@ def memory_checks(
     failed KV rule say how far the vLLM budget falls short and which utilisation would start the engine.
     """
     checks = []
-    for phase in PLAN_PHASES:
+    for phase in phases_present(memory.phases):
         pm = memory.phases[phase]
         excess = (pm.total_bytes - usable_gpu_bytes) / usable_gpu_bytes
         item = pm.largest_item()
@@ -200,7 +186,7 @@ def memory_checks(
         )
     )
     seq = workload.seq_len_tokens
-    needs_kv = knobs.rollout_backend == "vllm"
+    needs_kv = knobs.rollout_backend != "hf"
     kv_excess = (seq - memory.kv_cache_tokens_per_gpu) / seq if needs_kv else -1.0
     checks.append(
         _check(

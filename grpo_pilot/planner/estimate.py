@@ -59,6 +59,17 @@ from grpo_pilot.planner.memory.autocast import (
     unsharded_head_grad_bytes,
 )
 from grpo_pilot.planner.memory.context import MemoryContext, memory_context
+from grpo_pilot.planner.memory.family_parts import update_activations
+from grpo_pilot.planner.memory.family_phases import (
+    critic_phases,
+    family_host_items,
+    family_resident,
+    lora_head_savings,
+    lora_layer_grad_params,
+    lora_logits_savings,
+    lora_sync_items,
+    lora_transients,
+)
 from grpo_pilot.planner.memory.fsdp import (
     FSDP_PREFETCH_LAYERS,
     head_grad_bytes,
@@ -69,8 +80,10 @@ from grpo_pilot.planner.memory.hf_generate import hf_generate_memory
 from grpo_pilot.planner.memory.host import HostOffloads, HostShards, host_items
 from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_per_token, kv_tokens
 from grpo_pilot.planner.memory.logits import logprob_logits_bytes
+from grpo_pilot.planner.memory.megatron_phases import megatron_engine_budget, megatron_memory
 from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
 from grpo_pilot.planner.memory.optimizer import adam_step_temporary_bytes
+from grpo_pilot.planner.memory.rollout_engines import engine_items
 from grpo_pilot.planner.memory.shared_prompts import groups_spanned, shared_positions
 from grpo_pilot.planner.memory.tokens import scored_tokens, sequences_per_sp_group
 from grpo_pilot.planner.memory.ulysses import all_to_all_buffer_bytes
@@ -99,6 +112,10 @@ FRAGMENTING_ITEMS: frozenset[str] = frozenset(
         "hf_prefill_activations",
         "hf_sampling_logits",
         "largest_gathered_tensor",
+        "sp_all_gather",
+        "lora_transients",
+        "lora_sync_gathered",
+        "megatron_weight_export",
     }
 )
 
@@ -126,6 +143,7 @@ def resident(ctx: MemoryContext, phase: str, ref_pass: bool = False) -> dict[str
         "actor_grads": ctx.grad_bytes if grads_on else 0,
         "optimizer_states": ctx.adam_bytes if adam_on else 0,
         "ref_params": ctx.ref_bytes if ref_on else 0,
+        **family_resident(ctx, phase, params_on or (ctx.lora is not None and ref_pass and loads_back)),
     }
 
 
@@ -148,13 +166,7 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
     m, k, w = ctx.model, ctx.knobs, ctx.workload
     bud = ctx.vllm
     if bud is not None:
-        engine = {
-            "vllm_weights": bud.weights_bytes,
-            "vllm_activation_peak": bud.activation_bytes,
-            "vllm_non_torch": bud.non_torch_bytes,
-            "vllm_cuda_graphs": bud.cuda_graph_bytes,
-            "vllm_kv_cache": bud.kv_cache_bytes,
-        }
+        engine = engine_items(k.rollout_backend, bud)
         per_token = kv_bytes_per_token(
             m.num_layers, m.num_kv_heads, m.head_dim, k.rollout_tp, ctx.precision.rollout_bytes
         )
@@ -188,6 +200,7 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
         "gathered_layers": 0 if whole else ctx.gathered_layers_bytes,
         "root_embed_lm_head": 0 if whole else ctx.root_gathered_bytes,
         **gen.items,
+        **lora_transients(ctx),
     }
     items = finish(ctx, {**resident(ctx, "rollout_hf"), **work}, {}, ctx.trainer_overheads)
     return RolloutMemory(items, gen.kv_cache_bytes, gen.kv_cache_tokens, gen.batch_seqs)
@@ -206,7 +219,7 @@ def _fp32_head(ctx: MemoryContext) -> bool:
 def _logits_bytes(ctx: MemoryContext, tokens: int, *, training: bool, entropy: str) -> int:
     """The log-prob computation's peak for `tokens` positions per rank (the executor's kernel)."""
     m = ctx.model
-    return logprob_logits_bytes(
+    full = logprob_logits_bytes(
         _scored(ctx, tokens),
         m.vocab_size,
         m.hidden_size,
@@ -216,6 +229,7 @@ def _logits_bytes(ctx: MemoryContext, tokens: int, *, training: bool, entropy: s
         fused=ctx.knobs.fused_logprob,
         entropy=entropy,
     )
+    return max(0, full - lora_logits_savings(ctx, training=training))
 
 
 def log_prob_memory(ctx: MemoryContext) -> dict[str, int]:
@@ -243,6 +257,7 @@ def log_prob_memory(ctx: MemoryContext) -> dict[str, int]:
             weight_casts=casts,
             head_weight_cast=head_weight_cast(m, c) if casts and not _fp32_head(ctx) else 0,
         )
+        work.update(lora_transients(ctx))
         return finish(
             ctx, {**resident(ctx, "log_prob", ref_pass), **work}, ctx.rollout_leftovers, ctx.trainer_overheads
         )
@@ -256,21 +271,22 @@ def log_prob_memory(ctx: MemoryContext) -> dict[str, int]:
     return finish(ctx, resident(ctx, "log_prob", False), ctx.rollout_leftovers, ctx.trainer_overheads)
 
 
-def update_memory(ctx: MemoryContext) -> dict[str, int]:
-    """Update: the largest of the logits / layer-backward / root-reduce / optimizer moments."""
-    m, k, w, c, t = ctx.model, ctx.knobs, ctx.workload, ctx.precision.compute_bytes, ctx.update_tokens
-    E, H = m.embedding_params, m.lm_head_params
-    row, unsharded = _row(ctx), not ctx.sharded
-    mask, bool_mask = attention_mask_bytes(t, row, c), boolean_mask_bytes(t, row)
-    if w.entropy_coeff > 0:
-        entropy = "grad"
-    else:
-        entropy = "metric" if ctx.executor.update_entropy_metric else "none"
-    root_grads, root_rs = root_grad_bytes(
-        E, H, compute_bytes=c, reduce_bytes=ctx.precision.grad_bytes, unsharded=unsharded
-    )
+class _UpdateActivations(NamedTuple):
+    tokens: int  # the layers' positions (shared-prompt layout)
+    mask: int
+    bool_mask: int
+    head_side: int
+    saved: int
+    recompute: int
+
+
+def _update_activations(ctx: MemoryContext) -> _UpdateActivations:
+    """The update's saved and recomputed activations: the layers' (shared-prompt layout, checkpointing), the
+    head side (minus what a frozen LoRA head keeps no input for), and what activation offload leaves on the GPU."""
+    m, k, c, t = ctx.model, ctx.knobs, ctx.precision.compute_bytes, ctx.update_tokens
+    row = _row(ctx)
     per_tok, lay, scored = ctx.layer_activation_bytes_per_token, ctx.layouts[0], _scored(ctx, t)
-    tl, mask, bool_mask = shared_positions(t, lay, mask, bool_mask)  # the layers' positions and masks
+    tl, mask, bool_mask = shared_positions(t, lay, attention_mask_bytes(t, row, c), boolean_mask_bytes(t, row))
     head_side = head_side_activation_bytes(
         t,
         m.hidden_size,
@@ -280,45 +296,67 @@ def update_memory(ctx: MemoryContext) -> dict[str, int]:
         autocast=ctx.autocast,
         head_input_bytes=FP32_BYTES if _fp32_head(ctx) else c,
     )
+    head_side -= min(head_side, lora_head_savings(ctx, t))
+    saved = saved_activation_bytes(
+        tl,
+        m.num_layers,
+        per_tok,
+        mask,
+        bool_mask,
+        m.hidden_size,
+        c,
+        k.gradient_checkpointing,
+        head_side=head_side,
+        layer_input_bytes=FP32_BYTES if ctx.autocast else c,
+    )
+    recompute = recompute_activation_bytes(tl, per_tok, mask, k.gradient_checkpointing)
+    saved, recompute = update_activations(ctx.activation_offload, saved, recompute, head_side)
+    return _UpdateActivations(tl, mask, bool_mask, head_side, saved, recompute)
+
+
+def update_memory(ctx: MemoryContext) -> dict[str, int]:
+    """Update: the largest of the logits / layer-backward / root-reduce / optimizer moments. Under LoRA the
+    embeddings and LM head are frozen: no root gradients, a layer's reduce-scatter carries its adapters."""
+    m, k, w, c, t = ctx.model, ctx.knobs, ctx.workload, ctx.precision.compute_bytes, ctx.update_tokens
+    E, H = m.embedding_params, m.lm_head_params
+    unsharded, frozen = not ctx.sharded, ctx.lora is not None
+    if w.entropy_coeff > 0:
+        entropy = "grad"
+    else:
+        entropy = "metric" if ctx.executor.update_entropy_metric else "none"
+    root_grads, root_rs = root_grad_bytes(
+        E, H, compute_bytes=c, reduce_bytes=ctx.precision.grad_bytes, unsharded=unsharded or frozen
+    )
+    acts = _update_activations(ctx)
     work = update_peak_items(
         root_gathered=ctx.root_gathered_bytes,
         root_tied=m.tie_word_embeddings,
         gathered_layers=ctx.gathered_layers_bytes,
-        saved_activations=saved_activation_bytes(
-            tl,
-            m.num_layers,
-            per_tok,
-            mask,
-            bool_mask,
-            m.hidden_size,
-            c,
-            k.gradient_checkpointing,
-            head_side=head_side,
-            layer_input_bytes=FP32_BYTES if ctx.autocast else c,
-        ),
-        head_side_activations=head_side,
+        saved_activations=acts.saved,
+        head_side_activations=acts.head_side,
         prefetched_layer=ctx.gathered_layers_bytes // FSDP_PREFETCH_LAYERS,
-        recompute_activations=recompute_activation_bytes(tl, per_tok, mask, k.gradient_checkpointing),
+        recompute_activations=acts.recompute,
         logits=_logits_bytes(ctx, t, training=True, entropy=entropy),
         layer_backward_temporaries=layer_backward_temporary_bytes(
-            tl, m.hidden_size, m.intermediate_size, c, autocast=ctx.autocast
+            acts.tokens, m.hidden_size, m.intermediate_size, c, autocast=ctx.autocast
         ),
-        head_grad=head_grad_bytes(E, H, c, unsharded=unsharded),
+        head_grad=head_grad_bytes(E, H, c, unsharded=unsharded or frozen),
         root_grads=root_grads,
         root_reduce_scatter=root_rs,
         layer_reduce_scatter=layer_reduce_scatter_bytes(
-            m.params_per_layer, ctx.precision.grad_bytes, unsharded=unsharded
+            lora_layer_grad_params(ctx), ctx.precision.grad_bytes, unsharded=unsharded
         ),
         all_to_all=all_to_all_buffer_bytes(t, m.q_dim, m.kv_dim, c, k.ulysses_sp),
         optimizer_step=_optimizer_step_bytes(ctx),
         weight_casts=ctx.policy_cast_bytes,
         head_weight_cast=head_weight_cast(m, c) if ctx.policy_cast_bytes and not _fp32_head(ctx) else 0,
         head_grad_in_flight=0
-        if ctx.sharded or k.fused_logprob
+        if ctx.sharded or k.fused_logprob or frozen
         else unsharded_head_grad_bytes(m, c, cast=ctx.policy_cast_bytes > 0),
-        head_grad_pending=tied_head_grad_pending_bytes(m, sharded=ctx.sharded),
-        embedding_grad=tied_embedding_grad_bytes(m, sharded=ctx.sharded),
+        head_grad_pending=0 if frozen else tied_head_grad_pending_bytes(m, sharded=ctx.sharded),
+        embedding_grad=0 if frozen else tied_embedding_grad_bytes(m, sharded=ctx.sharded),
     )
+    work.update(lora_transients(ctx))
     return finish(ctx, {**resident(ctx, "update"), **work}, ctx.rollout_leftovers, ctx.trainer_overheads)
 
 
@@ -327,9 +365,11 @@ def _optimizer_step_bytes(ctx: MemoryContext) -> int:
     executors; verl loads it back); the single-tensor loop on cpu; fused where the executor fuses."""
     m = ctx.model
     host_executes = ctx.device.host_executes_ops
+    trainable = ctx.lora.adapter_params if ctx.lora is not None else m.num_params
+    largest = largest_param_elements(m.vocab_size, m.hidden_size, m.intermediate_size, m.q_dim)
     return adam_step_temporary_bytes(
-        -(-m.num_params // ctx.shard_degree),
-        largest_param_elements(m.vocab_size, m.hidden_size, m.intermediate_size, m.q_dim),
+        -(-trainable // ctx.shard_degree),
+        min(largest, trainable),
         on_host=ctx.optimizer_offload and ctx.executor.offload_streams,
         single_tensor=host_executes,
         fused=host_executes and ctx.executor.fused_adamw_on_cpu,
@@ -347,14 +387,11 @@ def weight_sync_memory(ctx: MemoryContext) -> dict[str, int]:
         ctx.precision.compute_bytes,
     )
     bucket = ctx.overheads.weight_sync_bucket_bytes
-    transfer = {"weight_sync_bucket": bucket, "largest_gathered_tensor": largest}
-    engine = {
-        "vllm_weights": bud.weights_bytes,
-        "vllm_non_torch": bud.non_torch_bytes,
-        "vllm_cuda_graphs": bud.cuda_graph_bytes,
-    }
+    transfer = lora_sync_items(ctx) or {"weight_sync_bucket": bucket, "largest_gathered_tensor": largest}
+    kept = ("weights_bytes", "non_torch_bytes", "cuda_graph_bytes")
     if ctx.executor.keeps_rollout_engine or ctx.layout.split:  # the engine never sleeps: its KV cache stays
-        engine["vllm_kv_cache"] = bud.kv_cache_bytes
+        kept += ("kv_cache_bytes",)
+    engine = engine_items(ctx.knobs.rollout_backend, bud, include=kept)
     if ctx.layout.split:
         send = finish(ctx, {**resident(ctx, "weight_sync"), **transfer}, {}, ctx.trainer_overheads)
         recv = {**engine, "weight_sync_bucket": bucket, **ctx.rollout_overheads}
@@ -365,7 +402,7 @@ def weight_sync_memory(ctx: MemoryContext) -> dict[str, int]:
 def host_memory(ctx: MemoryContext, cluster: Cluster) -> dict[str, int]:
     """Host RAM per node: offloaded shards of the node's training ranks and one process per device."""
     ov = ctx.overheads
-    return host_items(
+    items = host_items(
         trainer_ranks_on_node=ctx.layout.trainer_gpus_per_node,
         processes_on_node=cluster.gpus_per_node,
         shards=HostShards(ctx.master_bytes, ctx.grad_bytes, ctx.adam_bytes, ctx.ref_bytes),
@@ -379,6 +416,7 @@ def host_memory(ctx: MemoryContext, cluster: Cluster) -> dict[str, int]:
             ov.host_rss_bytes_per_gpu_process if ctx.device.caching_allocator else ov.cpu_process_rss_bytes
         ),
     )
+    return {**items, **family_host_items(ctx)}
 
 
 def estimate_memory(
@@ -398,18 +436,26 @@ def estimate_memory(
     `workload.worst_case()` for every sequence at its maximum.
     """
     ctx = memory_context(model, cluster, workload, knobs, executor=traits_for(target), overheads=overheads)
-    rollout = rollout_memory(ctx)
+    if knobs.strategy == "megatron":  # verl's Megatron workers: per-stage states and pipelines
+        mega = megatron_memory(ctx, cluster, finish=finish)
+        phases, host = mega.phases, mega.host
+        kv = RolloutMemory({}, mega.kv_cache_bytes, mega.kv_cache_tokens, mega.max_concurrent_seqs)
+    else:
+        kv = rollout_memory(ctx)
+        phases = {
+            "rollout": kv.items,
+            "log_prob": log_prob_memory(ctx),
+            **critic_phases(ctx, finish, resident),
+            "update": update_memory(ctx),
+            "weight_sync": weight_sync_memory(ctx),
+        }
+        host = host_memory(ctx, cluster)
     return MemoryReport.model_construct(  # the search's inner loop: computed values, no validation pass
-        phases={
-            "rollout": PhaseMemory.of(rollout.items),
-            "log_prob": PhaseMemory.of(log_prob_memory(ctx)),
-            "update": PhaseMemory.of(update_memory(ctx)),
-            "weight_sync": PhaseMemory.of(weight_sync_memory(ctx)),
-        },
-        host=PhaseMemory.of(host_memory(ctx, cluster)),
-        kv_cache_bytes_per_gpu=rollout.kv_cache_bytes,
-        kv_cache_tokens_per_gpu=rollout.kv_cache_tokens,
-        max_concurrent_seqs=rollout.max_concurrent_seqs,
+        phases={phase: PhaseMemory.of(items) for phase, items in phases.items()},
+        host=PhaseMemory.of(host),
+        kv_cache_bytes_per_gpu=kv.kv_cache_bytes,
+        kv_cache_tokens_per_gpu=kv.kv_cache_tokens,
+        max_concurrent_seqs=kv.max_concurrent_seqs,
     )
 
 
@@ -432,6 +478,7 @@ def rollout_kv_budget_bytes(
         return estimate_memory(
             model, cluster, workload, knobs, target=target, overheads=overheads
         ).kv_cache_bytes_per_gpu
-    budget = memory_context(model, cluster, workload, knobs, executor=traits_for(target), overheads=overheads).vllm
-    assert budget is not None  # rollout_backend 'vllm'
+    ctx = memory_context(model, cluster, workload, knobs, executor=traits_for(target), overheads=overheads)
+    budget = megatron_engine_budget(ctx) if knobs.strategy == "megatron" else ctx.vllm
+    assert budget is not None  # rollout_backend 'vllm' or 'sglang'
     return budget.kv_signed_bytes

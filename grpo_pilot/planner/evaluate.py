@@ -156,7 +156,7 @@ def assess(inputs: PlanInputs, knobs: Knobs, structural: tuple[Check, ...] | Non
         coefficients=inputs.time_coefficients,
         overheads=inputs.overheads,
     )
-    kv_short = knobs.rollout_backend == "vllm" and memory.kv_cache_tokens_per_gpu < workload.seq_len_tokens
+    kv_short = knobs.rollout_backend != "hf" and memory.kv_cache_tokens_per_gpu < workload.seq_len_tokens
     kv_budget = (
         rollout_kv_budget_bytes(spec, cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
         if kv_short

@@ -9,7 +9,8 @@
   `per_device × processes × gradient_accumulation_steps` completions (our mini-batch × n), and one
   generation batch feeds `steps_per_generation` micro-steps (prompts per step × n completions).
 
-Knobs a target cannot express are listed as comment lines, never silently dropped.
+Knobs a target cannot express are listed as comment lines, never silently dropped. The launch families'
+keys (PPO's critic, Megatron, LoRA, SGLang, activation offload) come from export_families.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ import shlex
 from typing import Any
 
 from grpo_pilot.planner.config import Knobs
+from grpo_pilot.planner.export_families import (
+    MEGATRON_CONFIG_NAME,
+    axolotl_adapter_lines,
+    trl_family_notes,
+    trl_peft_lines,
+    verl_family_overrides,
+)
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.planner.roofline import pools
 from grpo_pilot.planner.traits import traits_for
@@ -127,7 +135,7 @@ def verl_overrides(plan: Plan) -> tuple[tuple[str, str], ...]:
         ("actor_rollout_ref.rollout.n", str(w.n)),
         (
             "actor_rollout_ref.rollout.tensor_model_parallel_size",
-            str(k.rollout_tp if k.rollout_backend == "vllm" else 1),
+            str(k.rollout_tp if k.rollout_backend != "hf" else 1),
         ),
         ("actor_rollout_ref.rollout.gpu_memory_utilization", f"{k.gpu_memory_utilization:g}"),
         ("actor_rollout_ref.rollout.max_num_batched_tokens", str(k.max_num_batched_tokens)),
@@ -145,7 +153,7 @@ def verl_overrides(plan: Plan) -> tuple[tuple[str, str], ...]:
         ("trainer.test_freq", "-1"),
         ("trainer.val_before_train", "False"),
     ]
-    return tuple(out)
+    return tuple(verl_family_overrides(out, w, k, _model_path(plan)))
 
 
 def _shell_value(value: str) -> str:
@@ -163,9 +171,10 @@ def verl_command(plan: Plan) -> str:
         "# set TRAIN_FILES and VAL_FILES to your parquet files first",
     ]
     head += [f"# note: {n}" for n in verl_notes(plan)]
-    lines = ["python3 -m verl.trainer.main_ppo"] + [
-        f"    {key}={_shell_value(val)}" for key, val in verl_overrides(plan)
-    ]
+    entry = "python3 -m verl.trainer.main_ppo"
+    if plan.knobs.strategy == "megatron":
+        entry += f" --config-path=config --config-name={MEGATRON_CONFIG_NAME}"
+    lines = [entry] + [f"    {key}={_shell_value(val)}" for key, val in verl_overrides(plan)]
     return "\n".join(head) + "\n" + " \\\n".join(lines) + "\n"
 
 
@@ -260,6 +269,7 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
     defaults = Knobs()
     if (k.max_num_seqs, k.max_num_batched_tokens) != (defaults.max_num_seqs, defaults.max_num_batched_tokens):
         notes.append("max_num_seqs / max_num_batched_tokens have no GRPOConfig key")
+    notes += trl_family_notes(w, k)
     if not plan.fits:
         notes.append("this plan does NOT fit; printed for reference only")
     return settings, tuple(notes)
@@ -276,4 +286,7 @@ def trl_config_text(plan: Plan) -> str:
     body = ["from trl import GRPOConfig", "", "config = GRPOConfig("]
     body += [f"    {key}={value!r}," for key, value in settings.items()]
     body += ['    output_dir="grpo-output",', ")"]
+    peft = trl_peft_lines(plan.workload.adapter)
+    if peft:
+        body += [""] + peft + axolotl_adapter_lines(plan.workload.adapter)
     return "\n".join(head + body) + "\n"

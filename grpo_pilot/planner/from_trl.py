@@ -20,7 +20,7 @@ Batch rules are TRL's own (trl 1.16 trl/trainer/grpo_config.py `GRPOConfig.__pos
 (a group may span optimizer steps: an optimizer step need not hold whole groups), it and
 `steps_per_generation` exclude each other, and `num_generations >= 2`. Adapter settings (`use_peft`,
 `lora_*`, `load_in_4bit/8bit`, `peft_config`, Axolotl `adapter`) are read into `TrlLaunch.adapter`
-(planner/adapters.py) and refused until the planner models them. Every value is checked where it is read:
+(planner/adapters.py) and planned as `Workload.adapter` (memory/lora_plan.py). Every value is checked where it is read:
 a bad one is an error naming its key (its text bounded, whatever the YAML holds).
 """
 
@@ -116,7 +116,7 @@ def _axolotl(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def trl_launch(
-    cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1, *, adapters_modelled: bool = False
+    cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1, *, adapters_modelled: bool = True
 ) -> TrlLaunch:
     """Map a GRPOConfig / Axolotl mapping on `total_gpus` GPUs over `num_nodes` nodes (see module docstring).
 
@@ -173,6 +173,7 @@ def trl_launch(
         "use_kl_loss": _number(get("beta"), "beta", 0.0, 1e6) > 0.0,
         "ppo_epochs": _int(get("num_iterations"), "num_iterations"),
         "entropy_coeff": 0.0,
+        "adapter": adapter,
     }
     return TrlLaunch(
         model=model,
@@ -357,7 +358,7 @@ def _load_yaml(text: str, what: str) -> Any:
 
 
 def read_trl(
-    text: str, total_gpus: int, overrides: list[str] | None = None, num_nodes: int = 1, *, adapters_modelled=False
+    text: str, total_gpus: int, overrides: list[str] | None = None, num_nodes: int = 1, *, adapters_modelled=True
 ) -> TrlLaunch:
     """Parse YAML text (PyYAML, imported here), apply `key=value` overrides (values read as YAML, e.g.
     `num_processes=8` for a config run on another launcher layout), and map it."""

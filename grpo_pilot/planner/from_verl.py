@@ -12,8 +12,11 @@ Keys not given take the defaults of the verl the launch was written for (`verl_v
 date it, or `VERL_VERSION=<release or date>` pins it); where that cannot be told, today's defaults
 (reference/verl-config.md) with a note naming the older default and the override that restores it.
 Batch semantics follow verl's workers (`verl_batches.py`). Keys that do not change memory or time
-(paths, logging, learning rate, clip ratios, ...) are read and ignored; settings the planner does not
-model (Megatron, LoRA, a critic) are errors that say so. `actor_rollout_ref.model.override_config.*`
+(paths, logging, learning rate, clip ratios, ...) are read and ignored. The launch families are read by
+`verl_families.py`: a critic (PPO: `algorithm.adv_estimator=gae` or `critic.enable`), the Megatron trainer
+(`--config-name=ppo_megatron_trainer` or `actor.strategy=megatron`), LoRA (`model.lora_rank`, into
+`Workload.adapter`), SGLang rollout, activation offload; what the planner cannot plan is refused by
+planner/support.py when the plan is made. `actor_rollout_ref.model.override_config.*`
 is returned (`hf_overrides`) for the caller to apply to the model's config.
 """
 
@@ -29,6 +32,15 @@ from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.adapters import AdapterSettings, refuse, show, verl_adapter
 from grpo_pilot.planner.shell_words import read_script
+from grpo_pilot.planner.verl_families import (
+    FAMILY_DEFAULTS,
+    critic_knob_values,
+    critic_settings,
+    family_knob_values,
+    megatron_data_parallel_divisor,
+    megatron_knob_values,
+    needs_critic,
+)
 from grpo_pilot.planner.verl_batches import BatchSettings, micro_batches
 from grpo_pilot.planner.verl_versions import CHANGES, VerlWindow, window
 
@@ -48,18 +60,6 @@ def _override(word: str) -> tuple[str, str, str | None] | None:
         return None
     return match.group(1), match.group(2), match.group(3)
 
-
-# Advantage estimators without a critic (verl core_algos); `gae` trains a value model.
-CRITIC_FREE = (
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-    "opo",
-    "grpo_passk",
-    "gpg",
-)
 
 # verl's defaults today for the keys the planner reads (reference/verl-config.md); older ones: verl_versions.
 DEFAULTS: dict[str, Any] = {
@@ -94,7 +94,9 @@ DEFAULTS: dict[str, Any] = {
     ARR + "hybrid_engine": True,
     "trainer.nnodes": 1,
     "trainer.n_gpus_per_node": 8,
+    **FAMILY_DEFAULTS,
 }
+MEGATRON_CONFIG = "megatron"  # --config-name=ppo_megatron_trainer: verl's Megatron trainer config
 
 
 class VerlLaunch(Frozen):
@@ -124,6 +126,7 @@ class LaunchWords(NamedTuple):
     added: tuple[str, ...]  # keys given with a single `+` (absent from that verl's config)
     env: dict[str, str]  # the script's variables and the launch command's environment
     notes: list[str]
+    config_name: str = ""  # --config-name (ppo_megatron_trainer: the Megatron trainer)
 
 
 def parse_value(text: str) -> Any:
@@ -158,14 +161,10 @@ def launch_words(
         words = [w for c in script.commands for w in c.words]
     overrides: dict[str, str] = {}
     added: set[str] = set()
+    config_name = ""
     for word in words:
         if word.startswith("--config-name"):
-            name = word.split("=", 1)[1] if "=" in word else ""
-            if "megatron" in name:
-                raise InputError(
-                    f"The script uses verl's Megatron trainer (--config-name={name}).",
-                    "grpo-plan models verl's FSDP trainer; plan the FSDP equivalent instead.",
-                )
+            config_name = (word.split("=", 1)[1] if "=" in word else "").strip("'\"")
             continue
         parsed = _override(word)
         if parsed:
@@ -183,7 +182,7 @@ def launch_words(
         notes.append("unset variables expanded to nothing: " + ", ".join(script.unset[:20]))
     if script.substitutions:
         notes.append("command substitutions not run: " + ", ".join(script.substitutions[:10]))
-    return LaunchWords(overrides, tuple(sorted(added)), env, notes)
+    return LaunchWords(overrides, tuple(sorted(added)), env, notes, config_name)
 
 
 def _fsdp_size(value: Any) -> int | None:
@@ -250,11 +249,14 @@ class _Values:
         return float(value)
 
 
-def _era_defaults(overrides: Mapping[str, str], win: VerlWindow, notes: list[str]) -> dict[str, Any]:
-    """Today's defaults, with those that changed replaced by the launch's verl's (or a note where unknown)."""
+def _era_defaults(
+    overrides: Mapping[str, str], win: VerlWindow, notes: list[str], *, critic: bool = False
+) -> dict[str, Any]:
+    """Today's defaults, with those that changed replaced by the launch's verl's (or a note where unknown);
+    the critic's only for a launch that trains one."""
     defaults = dict(DEFAULTS)
     for change in CHANGES:
-        if change.key is None or change.key in overrides:
+        if change.key is None or change.key in overrides or (change.key.startswith("critic.") and not critic):
             continue
         side = win.side(change)
         if side == "before":
@@ -308,33 +310,32 @@ def verl_launch(
     added: Sequence[str] = (),
     version: str | None = None,
     model_fallback: str | None = None,
-    adapters_modelled: bool = False,
+    adapters_modelled: bool = True,
+    config_name: str = "",
 ) -> VerlLaunch:
     """Map verl keys (the launch's verl's defaults for the rest) to planner inputs; see the module docstring.
 
     `added`: keys given with `+`; `version`: a VERL_VERSION pin; `model_fallback`: the model to plan when the
-    launch leaves model.path empty (`--model`). A LoRA launch is refused unless `adapters_modelled`."""
+    launch leaves model.path empty (`--model`); `config_name`: the launch's --config-name (the Megatron
+    trainer's makes actor.strategy megatron). `adapters_modelled=False` refuses a LoRA launch."""
     env = dict(env or {})
     notes: list[str] = []
     win = window([k for k in overrides if k not in added], added, version)
-    defaults = _era_defaults(overrides, win, notes)
-    v = _Values({k: parse_value(t) for k, t in overrides.items()}, defaults)
-    _refuse_unmodelled(v)
+    raw = {k: parse_value(t) for k, t in overrides.items()}
+    defaults = _era_defaults(overrides, win, notes, critic=needs_critic(_Values(raw, DEFAULTS)))
+    if MEGATRON_CONFIG in config_name:
+        defaults[ARR + "actor.strategy"] = "megatron"
+    v = _Values(raw, defaults)
     adapter = _adapter(v)
     if adapter is not None and not adapters_modelled:
         refuse(adapter)
-    model = v.raw.get(ARR + "model.path")
-    if not model:
-        if not model_fallback:
-            raise InputError(
-                "actor_rollout_ref.model.path is not set (an unset variable in the script?).",
-                "Add the override (or set the variable, e.g. --override BASE_MODEL=Qwen/Qwen2.5-3B), or pass --model.",
-            )
-        model = model_fallback
-        notes.append(f"actor_rollout_ref.model.path is not set in the launch: --model {model_fallback} is planned")
+    model = _model_path(v, model_fallback, notes)
     nnodes, per_node = v.integer("trainer.nnodes"), v.integer("trainer.n_gpus_per_node")
-    batches = micro_batches(_batch_settings(v, nnodes * per_node), win, notes)
+    megatron = str(v.get(ARR + "actor.strategy")) == "megatron"
+    divisor = megatron_data_parallel_divisor(v) if megatron else None
+    batches = micro_batches(_batch_settings(v, nnodes * per_node, divisor), win, notes)
     knobs = _knobs(v, env, batches, notes)
+    knobs.update(_family_knobs(v, megatron, adapter is not None, notes))
     workload = {
         "prompts_per_step": batches.prompts_per_step,
         "mini_batch_prompts": batches.mini_batch_prompts,
@@ -345,6 +346,8 @@ def verl_launch(
         "use_kl_loss": v.flag(ARR + "actor.use_kl_loss") or v.flag("algorithm.use_kl_in_reward"),
         "ppo_epochs": v.integer(ARR + "actor.ppo_epochs"),
         "entropy_coeff": _entropy(v, win, notes),
+        "adapter": adapter,
+        **_critic_workload(v, nnodes * per_node // (divisor or batches.sp), batches.dynamic, notes),
     }
     remove_padding = v.flag(ARR + "model.use_remove_padding")
     if not remove_padding:
@@ -367,20 +370,44 @@ def verl_launch(
     )
 
 
-def _refuse_unmodelled(v: _Values) -> None:
-    estimator = str(v.get("algorithm.adv_estimator"))
-    if estimator not in CRITIC_FREE:
+def _model_path(v: _Values, model_fallback: str | None, notes: list[str]) -> str:
+    model = v.raw.get(ARR + "model.path")
+    if model:
+        return str(model)
+    if not model_fallback:
         raise InputError(
-            f"algorithm.adv_estimator={estimator[:40]} trains a critic (PPO), which grpo-plan does not model.",
-            "Plan a critic-free estimator (grpo, rloo, reinforce_plus_plus, ...); verl's default is gae.",
+            "actor_rollout_ref.model.path is not set (an unset variable in the script?).",
+            "Add the override (or set the variable, e.g. --override BASE_MODEL=Qwen/Qwen2.5-3B), or pass --model.",
         )
-    if str(v.get(ARR + "actor.strategy")) == "megatron":
-        raise InputError("actor.strategy=megatron is not modelled.", "grpo-plan models verl's FSDP/FSDP2 trainer.")
+    notes.append(f"actor_rollout_ref.model.path is not set in the launch: --model {model_fallback} is planned")
+    return model_fallback
+
+
+def _critic_workload(v: _Values, dp: int, actor_dynamic: bool, notes: list[str]) -> dict[str, Any]:
+    """PPO: the algorithm and the critic's settings (verl_families.py); nothing for a critic-free estimator."""
+    if not needs_critic(v):
+        return {}
+    critic = critic_settings(v, dp=max(1, dp), actor_dynamic=actor_dynamic, notes=notes)
+    return {"algorithm": "ppo", "critic": critic}
+
+
+def _family_knobs(v: _Values, megatron: bool, has_adapter: bool, notes: list[str]) -> dict[str, Any]:
+    """The knobs of the Megatron backend, activation offload, LoRA's sync and the critic's offloads."""
+    strategy = str(v.get(ARR + "actor.strategy"))
+    knobs = family_knob_values(v, strategy=strategy, has_adapter=has_adapter, notes=notes)
+    if megatron:
+        knobs.update(megatron_knob_values(v, notes), ulysses_sp=1, fsdp_size=None)
+    if needs_critic(v):
+        knobs.update(critic_knob_values(v))
+    return knobs
 
 
 def _adapter(v: _Values) -> AdapterSettings | None:
-    rank = v.get(ARR + "model.lora_rank") or 0
-    if rank == 0:
+    """`model.lora_rank` (FSDP), or `model.lora.rank` (Megatron-Bridge LoRA) when given."""
+    if v.raw.get(ARR + "model.lora.rank"):
+        rank = v.integer(ARR + "model.lora.rank")
+        return verl_adapter(rank, v.raw.get(ARR + "model.lora.alpha"), v.raw.get(ARR + "model.lora.target_modules"))
+    if not v.get(ARR + "model.lora_rank"):
         return None
     rank = v.integer(ARR + "model.lora_rank")
     return verl_adapter(rank, v.raw.get(ARR + "model.lora_alpha"), v.raw.get(ARR + "model.target_modules"))
@@ -398,8 +425,9 @@ def _entropy(v: _Values, win: VerlWindow, notes: list[str]) -> float:
     return coeff
 
 
-def _batch_settings(v: _Values, world: int) -> BatchSettings:
-    """The batch keys as written, typed (verl_batches.py applies the version's semantics)."""
+def _batch_settings(v: _Values, world: int, megatron_divisor: int | None = None) -> BatchSettings:
+    """The batch keys as written, typed (verl_batches.py applies the version's semantics). Under Megatron a
+    data-parallel rank spans TP × PP × CP GPUs (`megatron_divisor`), the divisor of verl's global keys."""
 
     def optional(key: str) -> int | None:
         return None if v.raw.get(key) is None else v.integer(key, v.raw[key])
@@ -407,7 +435,7 @@ def _batch_settings(v: _Values, world: int) -> BatchSettings:
     lp = {p: ARR + p + "." for p in ("rollout", "ref")}
     return BatchSettings(
         world=world,
-        sp=v.integer(ARR + "actor.ulysses_sequence_parallel_size"),
+        sp=megatron_divisor or v.integer(ARR + "actor.ulysses_sequence_parallel_size"),
         prompts_per_step=v.integer("data.train_batch_size"),
         mini_batch_prompts=v.integer(ARR + "actor.ppo_mini_batch_size"),
         n=v.integer(ARR + "rollout.n"),
@@ -427,7 +455,7 @@ def _batch_settings(v: _Values, world: int) -> BatchSettings:
 
 def _knobs(v: _Values, env: Mapping[str, str], batches: Any, notes: list[str]) -> dict[str, Any]:
     backend = str(v.get(ARR + "rollout.name"))
-    if backend not in ("vllm", "hf"):
+    if backend not in ("vllm", "sglang", "hf"):
         notes.append(f"rollout.name={backend[:40]} is modelled as vLLM (same colocated budget semantics assumed)")
         backend = "vllm"
     if v.get(ARR + "hybrid_engine") is False:
@@ -487,5 +515,12 @@ def read_verl(
         if not parsed:
             raise InputError(f"--override '{word[:80]}' is not key=value.", "Write e.g. --override trainer.nnodes=2.")
         _apply(overrides, added, parsed)
-    launch = verl_launch(overrides, read.env, added=tuple(added), version=version, model_fallback=model_fallback)
+    launch = verl_launch(
+        overrides,
+        read.env,
+        added=tuple(added),
+        version=version,
+        model_fallback=model_fallback,
+        config_name=read.config_name,
+    )
     return launch.model_copy(update={"notes": tuple(read.notes) + launch.notes})

@@ -17,6 +17,14 @@ trial: the coarser `TRIAL_GRID`). Dimensions:
   the reference's only with a reference (KL loss);
 - `gradient_checkpointing`, `fused_logprob`;
 - `ulysses_sp`: powers of two that divide the training GPUs and the heads.
+Launch families (`family_choices`; verl only — the other executors miss these knobs):
+- the strategy is the user's (or the launch's) choice, never searched; under `strategy=megatron` the search
+  moves `megatron_tp` (powers of two within a node dividing the heads and kv heads), `megatron_pp` (powers of
+  two dividing the layers), `megatron_vpp` (1, 2), `megatron_cp` (1, 2) and `megatron_recompute` (none,
+  selective, full); the FSDP-only knobs (gradient_checkpointing, ulysses_sp, activation_offload) are not
+  dimensions there;
+- `activation_offload` under FSDP; `layered_summon` with LoRA (the adapter sync's gather); the critic's
+  offloads with PPO. LoRA's rank, targets and base quantization are the user's (Workload.adapter).
 A knob the executor has no setting for (`ExecutorTraits.missing_knobs`) is never a dimension, nor is a
 knob in `fixed` (the user's pins). `include` is a configuration the space must contain (verl's defaults
 plus the pins for the planner, the input plan's knobs for the tuner): its values are added to the grid.
@@ -41,8 +49,24 @@ BOOL_KNOBS: tuple[str, ...] = (
     "gradient_checkpointing",
     "fused_logprob",
     "enforce_eager",
+    "activation_offload",
+    "layered_summon",
+    "critic_param_offload",
+    "critic_optimizer_offload",
 )
-OFFLOAD_KNOBS: tuple[str, ...] = ("param_offload", "optimizer_offload", "ref_param_offload")
+OFFLOAD_KNOBS: tuple[str, ...] = (
+    "param_offload",
+    "optimizer_offload",
+    "ref_param_offload",
+    "activation_offload",
+    "critic_param_offload",
+    "critic_optimizer_offload",
+)
+FSDP_ONLY_KNOBS: tuple[str, ...] = ("gradient_checkpointing", "ulysses_sp", "activation_offload", "fsdp_size")
+MEGATRON_PP = (1, 2, 4, 8)
+MEGATRON_VPP = (1, 2)
+MEGATRON_CP = (1, 2)
+MEGATRON_RECOMPUTE = ("none", "selective", "full")
 
 
 class KnobGrid(NamedTuple):
@@ -134,7 +158,7 @@ def knob_choices(
     """Dimension name → ordered choices (module docstring)."""
     device = cluster.device
     rollout_gpus, train_gpus = pools(cluster, include)
-    vllm = include.rollout_backend == "vllm"
+    vllm = include.rollout_backend != "hf"  # an engine (vLLM or SGLang) with its own TP and utilisation
     free = {name for name in Knobs.model_fields if name not in fixed and executor.has_knob(name)}
     choices: dict[str, tuple[Any, ...]] = {}
     if "rollout_tp" in free and vllm:
@@ -154,8 +178,12 @@ def knob_choices(
     if log_prob_runs and "log_prob_max_token_len_per_gpu" in free:
         budgets = tuple(k * workload.seq_len_tokens for k in grid.budget_sequences)
         choices["log_prob_max_token_len_per_gpu"] = _with(budgets, include.log_prob_max_token_len_per_gpu)
+    megatron = include.strategy == "megatron"
+    if megatron:
+        free -= set(FSDP_ONLY_KNOBS)
+        choices.update(_megatron_choices(spec, cluster, free, train_gpus=train_gpus, include=include))
     for name in BOOL_KNOBS:
-        if name not in free:
+        if name not in free or not _family_applies(name, workload):
             continue
         if name == "ref_param_offload" and not workload.use_kl_loss:
             continue  # no reference model without the KL loss
@@ -167,3 +195,33 @@ def knob_choices(
     if "ulysses_sp" in free:
         choices["ulysses_sp"] = _parallel(grid, spec, per_node=cluster.gpus_per_node, pool_gpus=train_gpus)
     return choices
+
+
+def _family_applies(name: str, workload: Workload) -> bool:
+    """The launch families' knobs are dimensions only where their family is: the LoRA sync with adapters,
+    the critic's offloads with a critic."""
+    if name == "layered_summon":
+        return workload.adapter is not None
+    if name.startswith("critic_"):
+        return workload.has_critic
+    return True
+
+
+def _megatron_choices(
+    spec: ModelSpec, cluster: Cluster, free: set[str], *, train_gpus: int, include: Knobs
+) -> dict[str, tuple[Any, ...]]:
+    """Megatron's layout dimensions (module docstring), each with the included configuration's value."""
+    out: dict[str, tuple[Any, ...]] = {}
+    heads, kv, layers = spec.num_attention_heads, spec.num_kv_heads, spec.num_layers
+    tps = tuple(t for t in (1, 2, 4, 8) if t <= cluster.gpus_per_node and heads % t == 0 and kv % t == 0)
+    dims: dict[str, tuple[Any, ...]] = {
+        "megatron_tp": tuple(t for t in tps if train_gpus % t == 0) or (1,),
+        "megatron_pp": tuple(p for p in MEGATRON_PP if layers % p == 0 and train_gpus % p == 0) or (1,),
+        "megatron_vpp": MEGATRON_VPP,
+        "megatron_cp": tuple(c for c in MEGATRON_CP if train_gpus % c == 0),
+        "megatron_recompute": MEGATRON_RECOMPUTE,
+    }
+    for name, values in dims.items():
+        if name in free:
+            out[name] = _with(values, getattr(include, name))
+    return out

@@ -20,6 +20,7 @@ from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.constraints import binding_constraint, violations
 from grpo_pilot.planner.search import DEFAULT_TRIALS, search
 from grpo_pilot.planner.suggest import suggest
+from grpo_pilot.planner.support import require_supported
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.planner.verdict import verdict_of
 
@@ -27,7 +28,9 @@ from grpo_pilot.planner.verdict import verdict_of
 def to_plan(
     inputs: PlanInputs, a: Assessment, *, provenance: Provenance | None = None, suggestions: tuple[str, ...] = ()
 ) -> Plan:
-    """The frozen plan.json record of an assessment (with the worst case beside the expected peak)."""
+    """The frozen plan.json record of an assessment (with the worst case beside the expected peak). A job its
+    target cannot run, or a launch family the planner does not model, is refused (support.py)."""
+    require_supported(inputs.target, inputs.workload, a.knobs, model_is_moe=inputs.model.spec.is_moe)
     memory, time = a.memory, a.time
     worst = memory if inputs.workload.at_max_lengths else worst_case_memory(inputs, a.knobs)
     return Plan(
@@ -84,6 +87,8 @@ def make_plan(
     violations, and suggestions computed by the estimator (more GPUs, offload, shorter responses).
     """
     pins = dict(pins or {})
+    # refuse before searching: the pins and the workload alone decide what the target cannot run
+    require_supported(inputs.target, inputs.workload, Knobs(**pins), model_is_moe=inputs.model.spec.is_moe)
     result = search(inputs, pins=pins, trials=trials, seed=seed)
     provenance = inputs.provenance(
         search_trials=result.trials,

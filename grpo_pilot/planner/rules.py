@@ -1,7 +1,12 @@
 """Rules the planner, the tuner and the engine share — each written once, here.
 
-- Phase names: the planner's four memory/time phases (`PLAN_PHASES`) and the engine's five timed
-  phases in execution order (`RUN_PHASES`, which adds the driver's reward scoring).
+- Phase names: the planner's four memory/time phases every plan has (`PLAN_PHASES`), the two a PPO
+  plan adds for its critic (`CRITIC_PHASES`: verl's `compute_values` and `update_critic`), all six in
+  the order a step runs them (`PHASE_ORDER`: verl ray_trainer `fit` — generate, old log-probs, ref,
+  values, advantages, update_critic, update_actor, then the next step's weight sync), and the engine's
+  five timed phases in execution order (`RUN_PHASES`, which adds the driver's reward scoring). A plan
+  file holds the phases its algorithm runs: plans written before the critic phases existed (and every
+  GRPO plan) hold the four, and load unchanged.
 - `heads_divisible`: a tensor-parallel (vLLM) or Ulysses degree k splits the attention heads: the query
   heads must divide by k, and the kv heads must divide by k or be replicated (k a multiple of them):
   vLLM `QKVParallelLinear` (kv heads replicated once t > kv heads), verl's Ulysses monkey patch
@@ -15,12 +20,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Iterable, Literal
 
-PhaseName = Literal["rollout", "log_prob", "update", "weight_sync"]
+PhaseName = Literal["rollout", "log_prob", "values", "critic_update", "update", "weight_sync"]
 PLAN_PHASES: tuple[PhaseName, ...] = ("rollout", "log_prob", "update", "weight_sync")
+CRITIC_PHASES: tuple[PhaseName, ...] = ("values", "critic_update")
+PHASE_ORDER: tuple[PhaseName, ...] = ("rollout", "log_prob", "values", "critic_update", "update", "weight_sync")
 # The engine's timed phases in the order one step runs them (engine/loop.py `grpo_step`).
 RUN_PHASES: tuple[str, ...] = ("weight_sync", "rollout", "reward", "log_prob", "update")
+
+
+def phases_present(names: Iterable[str]) -> tuple[PhaseName, ...]:
+    """The phases among `names` (a plan's or report's keys), in execution order."""
+    present = set(names)
+    return tuple(p for p in PHASE_ORDER if p in present)
 
 
 def heads_divisible(num_heads: int, num_kv_heads: int, degree: int) -> bool:

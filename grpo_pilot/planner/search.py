@@ -136,8 +136,10 @@ def frugal_knobs(space: SearchSpace) -> Knobs:
             params[name] = True
         elif name == UPDATE_BATCH:
             params[name] = options[0]
-        elif name == "rollout_tp":
+        elif name in ("rollout_tp", "megatron_tp", "megatron_pp"):  # more sharding, less memory per GPU
             params[name] = max(options)
+        elif name == "megatron_recompute":
+            params[name] = "full"
         elif name == "gpu_memory_utilization":
             params[name] = min(options, key=lambda u: abs(u - Knobs().gpu_memory_utilization))
         else:

@@ -26,13 +26,18 @@ float operations.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 from grpo_pilot.hardware.cluster import Cluster
-from grpo_pilot.hardware.gpus import GPUSpec
 from grpo_pilot.planner.config import Knobs, Target, Workload, old_logprob_pass_needed
-from grpo_pilot.planner.lengths import Lengths, lengths_of, tokens_per_sequence_for_time
-from grpo_pilot.planner.memory.precision import Precision, precision_for
+from grpo_pilot.planner.lengths import lengths_of
+from grpo_pilot.planner.lora_time import (
+    LoraTime,
+    activation_offload_micro_s,
+    dequant_micro_s,
+    lora_time_terms,
+    lora_training_cost,
+)
+from grpo_pilot.planner.memory.precision import precision_for
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.reports import TimeReport
 from grpo_pilot.planner.rollout_time import RolloutBreakdown, rollout_breakdown, rollout_time_s
@@ -52,6 +57,18 @@ from grpo_pilot.planner.roofline import (
     training_cost,
 )
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, TimeCoefficients
+from grpo_pilot.planner.train_side import (
+    ADAM_BYTES_PER_PARAM,
+    TrainSide,
+    attention_seq,
+    cpu_adam_s,
+    micro_loop_s,
+    seqs_per_token_budget,
+    train_dispatch_s,
+    train_side,
+)
+from grpo_pilot.planner.critic_time import critic_flops_per_step, critic_times
+from grpo_pilot.planner.megatron_time import megatron_times
 from grpo_pilot.planner.traits import ExecutorTraits, traits_for
 from grpo_pilot.profiles.spec import ModelSpec
 from grpo_pilot.units import BF16_BYTES, FP32_BYTES
@@ -79,48 +96,6 @@ __all__ = [
     "weight_sync_time_s",
 ]
 
-# AdamW step traffic per parameter of the shard: read fp32 param, grad, m, v (16 B), write param, m,
-# v (12 B) = 28 B at HBM speed (PyTorch foreach/fused AdamW is bandwidth-bound).
-ADAM_BYTES_PER_PARAM = 28
-
-
-def _micro_loop_s(
-    seqs: int,
-    per_micro: int,
-    tokens_per_seq: float,
-    compute_s_per_token: float,
-    comm_s_per_micro: float,
-    serial_s_per_token: float,
-    dispatch_s_per_micro: float = 0.0,
-) -> float:
-    """Full micro-batches of `per_micro` sequences and one partial one: each lasts max(compute,
-    overlapped communication) plus its non-overlapped per-token time (`tokens_per_seq` per rank) plus
-    the host's eager op dispatch (`train_dispatch_s`).
-
-    Dispatch adds rather than hides behind the device work: every executor reads results back once per
-    micro-batch (verl's `update_policy` appends `.item()` metrics per micro-batch, TRL gathers its logged
-    losses, our engine sums its loss terms), so the GPU cannot run ahead of the host for long, and at the
-    sizes measured on a GPU (../shared/measurements/h200-2026-11-26.json: 1k–33k tokens per micro-batch)
-    the sum explains the measured update and log-prob times within 0.73–1.3× where max(device, dispatch)
-    leaves 0.63–1.55× (geometric error 1.24× vs 1.45×); on the cpu pseudo-device the dispatching thread
-    runs the ops itself, so the two add there anyway."""
-
-    def one(n: int) -> float:
-        tokens = n * tokens_per_seq
-        device_s = max(tokens * compute_s_per_token, comm_s_per_micro)
-        return device_s + dispatch_s_per_micro + tokens * serial_s_per_token
-
-    per_micro = max(1, min(per_micro, seqs))
-    full, rest = divmod(seqs, per_micro)
-    return full * one(per_micro) + (one(rest) if rest else 0.0)
-
-
-def _seqs_per_token_budget(budget_tokens: int, sp: int, seq_tokens: float, executor: ExecutorTraits) -> int:
-    """Whole sequences one packed micro-batch (one SP group) holds; at least one (verl multiplies the
-    per-GPU budget by the Ulysses degree: `ExecutorTraits.budget_scaled_by_sp`)."""
-    group_budget = budget_tokens * sp if executor.budget_scaled_by_sp else budget_tokens
-    return max(1, int(group_budget // max(1.0, seq_tokens)))
-
 
 def _ulysses_s(spec: ModelSpec, tokens_per_rank: float, sp: int, bw: float, passes: int) -> float:
     """All-to-all before and after attention (q, k, v in; output back), per layer, per pass."""
@@ -128,88 +103,6 @@ def _ulysses_s(spec: ModelSpec, tokens_per_rank: float, sp: int, bw: float, pass
         return 0.0
     bytes_per_token = (2 * spec.q_dim + 2 * spec.kv_dim) * BF16_BYTES
     return passes * spec.num_layers * tokens_per_rank * bytes_per_token * (sp - 1) / sp / bw
-
-
-def train_dispatch_s(spec: ModelSpec, passes: int, coefficients: TimeCoefficients) -> float:
-    """Host time to dispatch one micro-batch's eager ops: `passes` layer passes (forward 1, backward 2,
-    recomputed forward 1) at `train_dispatch_s_per_layer_pass` each (training runs without CUDA graphs)."""
-    return passes * spec.num_layers * coefficients.train_dispatch_s_per_layer_pass
-
-
-def cpu_adam_s(
-    shard_params: float, cluster: Cluster, coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS
-) -> float:
-    """AdamW on the host over one rank's shard; every rank of the node shares host memory bandwidth."""
-    per_rank = coefficients.host_memory_bytes_per_s / cluster.gpus_per_node
-    return shard_params * ADAM_BYTES_PER_PARAM / per_rank
-
-
-class _TrainSide(NamedTuple):
-    """What both training-side phases (log-prob passes, update) derive from the inputs."""
-
-    gpu: GPUSpec
-    prec: Precision
-    lengths: Lengths
-    train_gpus: int
-    sp: int
-    seq: float  # tokens one sequence costs in a pass (expected length; TRL: padded)
-    attention_context: float  # average keys one token attends to (causal: half the attention length)
-    dp: int  # data-parallel groups: training GPUs / SP degree
-    bw: float  # collective bandwidth of the FSDP (shard) group
-    shards: int  # GPUs the model states are sharded over (fsdp_size)
-    replicas: int  # shard groups (HSDP replicas) whose gradients are all-reduced
-    replica_bw: float  # collective bandwidth across the replicas
-    shard_params: float  # parameters one training rank holds
-    host: float  # host-link bytes/s per rank (offload traffic)
-
-
-def _train_side(
-    spec: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    knobs: Knobs,
-    *,
-    executor: ExecutorTraits,
-    coef: TimeCoefficients,
-) -> _TrainSide:
-    gpu = cluster.gpu
-    _, train_gpus = pools(cluster, knobs)
-    lengths = lengths_of(workload)
-    padding = executor.padding
-    shards = knobs.shard_degree(train_gpus)
-
-    def bandwidth(ranks: int) -> float:
-        spans = cluster.num_nodes > 1 and ranks > cluster.gpus_per_node
-        return collective_bytes_per_s(gpu, spans, coef, gpus_per_node=cluster.gpus_per_node)
-
-    return _TrainSide(
-        gpu=gpu,
-        prec=precision_for(executor, cluster.device),
-        lengths=lengths,
-        train_gpus=train_gpus,
-        sp=knobs.ulysses_sp,
-        seq=tokens_per_sequence_for_time(lengths, padding),
-        attention_context=_attention_seq(lengths, padding) / 2,
-        dp=max(1, train_gpus // knobs.ulysses_sp),
-        bw=bandwidth(shards),
-        shards=shards,
-        replicas=max(1, train_gpus // shards),
-        # replicas sit in different nodes once a shard group fills a node (a replica group strides over them)
-        replica_bw=collective_bytes_per_s(
-            gpu, cluster.num_nodes > 1 and train_gpus > shards, coef, gpus_per_node=cluster.gpus_per_node
-        ),
-        shard_params=param_counts(spec)[0] / shards,
-        host=host_link_bytes_per_s(gpu, coef),
-    )
-
-
-def _attention_seq(lengths: Lengths, padding: str) -> float:
-    """Sequence length whose causal attention cost per token matches the batch's: Σ L² / Σ L = E[L²] / E[L]
-    over real lengths (padded rows: the padded length)."""
-    if padding == "batch_max":
-        return float(lengths.seq_max)
-    second = lengths.seq_mean**2 + lengths.seq_std**2
-    return min(float(lengths.seq_max), second / max(lengths.seq_mean, 1.0))
 
 
 def log_prob_time_s(
@@ -223,13 +116,13 @@ def log_prob_time_s(
 ) -> float:
     """Old-policy pass (+ reference pass with the KL loss), sharded over the training pool."""
     coef = coefficients
-    ts = _train_side(spec, cluster, workload, knobs, executor=executor, coef=coef)
+    ts = train_side(spec, cluster, workload, knobs, executor=executor, coef=coef)
     gpu, sp, seq = ts.gpu, ts.sp, ts.seq
     seqs_per_rank = math.ceil(workload.responses_per_step / ts.dp)
     if knobs.log_prob_micro_batch_size_per_gpu is not None:
         per_micro = knobs.log_prob_micro_batch_size_per_gpu
     else:
-        per_micro = _seqs_per_token_budget(knobs.log_prob_max_token_len_per_gpu, sp, seq, executor)
+        per_micro = seqs_per_token_budget(knobs.log_prob_max_token_len_per_gpu, sp, seq, executor)
     c = ts.prec.compute_bytes
     logits = logits_traffic_bytes(spec.vocab_size, c, executor, training=False)
     compute_per_token = token_seconds(forward_cost(spec, ts.attention_context, c, logits), gpu, coef)
@@ -237,20 +130,39 @@ def log_prob_time_s(
     a2a_per_token = _ulysses_s(spec, 1, sp, ts.bw, passes=1)
     device = cluster.device
     streams = executor.offload_streams and device.offload_meaningful
-    dispatch = {"dispatch_s_per_micro": train_dispatch_s(spec, 1, coef)}
+    lora = lora_time_terms(spec, workload)
+    dequant = dequant_micro_s(lora, 1, gpu.hbm_bytes_per_s)
+    dispatch = {"dispatch_s_per_micro": train_dispatch_s(spec, 1, coef) + dequant}
 
     def one_pass(offloaded: bool, bytes_per_param: int) -> float:
         h2d = bytes_per_param * ts.shard_params / ts.host if offloaded and device.offload_meaningful else 0.0
         comm = gather_s + h2d if streams else gather_s  # streaming: every micro-batch brings its shard in
-        loop = _micro_loop_s(seqs_per_rank, per_micro, seq / sp, compute_per_token, comm, a2a_per_token, **dispatch)
+        loop = micro_loop_s(seqs_per_rank, per_micro, seq / sp, compute_per_token, comm, a2a_per_token, **dispatch)
         return loop if streams else loop + h2d  # verl: once per pass
 
     total = 0.0
     if old_logprob_pass_needed(workload, executor):
         total += one_pass(knobs.param_offload, ts.prec.master_bytes)
-    if workload.use_kl_loss:
+    if workload.use_kl_loss and lora is not None:  # LoRA: the actor with its adapters disabled
+        total += one_pass(knobs.param_offload, ts.prec.master_bytes)
+    elif workload.use_kl_loss:
         total += one_pass(knobs.ref_param_offload, ts.prec.ref_bytes)
     return total
+
+
+def _family_micro_s(
+    spec: ModelSpec, knobs: Knobs, ts: TrainSide, lora: LoraTime | None, tokens: float, coef: TimeCoefficients
+) -> float:
+    """Per-micro-batch time the launch families add to the update: QLoRA's dequantization in every pass and
+    verl's activation offload's exposed transfers (lora_time.py)."""
+    extra = dequant_micro_s(lora, 3 if knobs.gradient_checkpointing else 2, ts.gpu.hbm_bytes_per_s)
+    if knobs.activation_offload and ts.host != ts.gpu.hbm_bytes_per_s:  # not on the cpu pseudo-device
+        forward = forward_cost(spec, ts.attention_context, ts.prec.compute_bytes, 0.0)
+        layer_s = tokens * token_seconds(forward, ts.gpu, coef) / spec.num_layers
+        extra += activation_offload_micro_s(
+            spec, tokens, checkpointing=knobs.gradient_checkpointing, host_bytes_per_s=ts.host, layer_forward_s=layer_s
+        )
+    return extra
 
 
 def update_time_s(
@@ -262,52 +174,59 @@ def update_time_s(
     executor: ExecutorTraits,
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
 ) -> float:
-    """ppo_epochs × mini-batches × micro-batches of forward+backward, one optimizer step per mini-batch."""
+    """ppo_epochs × mini-batches × micro-batches of forward+backward, one optimizer step per mini-batch.
+    Under LoRA the base is frozen: no weight gradients for it, gradients and Adam over the adapters."""
     coef = coefficients
-    ts = _train_side(spec, cluster, workload, knobs, executor=executor, coef=coef)
+    ts = train_side(spec, cluster, workload, knobs, executor=executor, coef=coef)
     gpu, prec, sp, seq, shard_params, host = ts.gpu, ts.prec, ts.sp, ts.seq, ts.shard_params, ts.host
     num_minis = math.ceil(workload.prompts_per_step / workload.mini_batch_prompts)
     seqs_per_rank_mini = max(1, math.ceil(workload.mini_batch_prompts * workload.n / ts.dp))
     if knobs.dynamic_batching:
-        per_micro = _seqs_per_token_budget(knobs.max_token_len_per_gpu or ts.lengths.seq_max, sp, seq, executor)
+        per_micro = seqs_per_token_budget(knobs.max_token_len_per_gpu or ts.lengths.seq_max, sp, seq, executor)
     else:
         per_micro = knobs.micro_batch_size_per_gpu or 1
     c = prec.compute_bytes
     logits = logits_traffic_bytes(spec.vocab_size, c, executor, training=True)
-    cost = training_cost(spec, ts.attention_context, c, logits, knobs.gradient_checkpointing)
+    lora = lora_time_terms(spec, workload)
+    if lora is None:
+        cost = training_cost(spec, ts.attention_context, c, logits, knobs.gradient_checkpointing)
+    else:
+        forward = forward_cost(spec, ts.attention_context, c, 0.0)
+        cost = lora_training_cost(forward, lora, knobs.gradient_checkpointing, logits)
+    trainable = shard_params if lora is None else lora.adapter_params / ts.shards
     compute_per_token = token_seconds(cost, gpu, coef)
     # FSDP per micro-batch: all-gather bf16 params in forward and again in backward
     # (reshard_after_forward), reduce-scatter fp32 grads (verl MixedPrecision reduce_dtype fp32).
-    comm_s = ring_time_s((2 * BF16_BYTES + FP32_BYTES) * param_counts(spec)[0], ts.shards, ts.bw)
+    comm_s = ring_time_s(2 * BF16_BYTES * param_counts(spec)[0] + FP32_BYTES * trainable * ts.shards, ts.shards, ts.bw)
     # HSDP (fsdp_size < training GPUs): each backward also all-reduces the fp32 gradient shard across replicas
-    comm_s += allreduce_s(FP32_BYTES * shard_params, ts.replicas, ts.replica_bw, coef.allreduce_latency_s)
+    comm_s += allreduce_s(FP32_BYTES * trainable, ts.replicas, ts.replica_bw, coef.allreduce_latency_s)
     device = cluster.device
     p_off = knobs.param_offload and device.offload_meaningful
     o_off = knobs.optimizer_offload and device.offload_meaningful
     phase_s = 0.0  # once per update phase
-    optim_s = shard_params * ADAM_BYTES_PER_PARAM / gpu.hbm_bytes_per_s
+    optim_s = trainable * ADAM_BYTES_PER_PARAM / gpu.hbm_bytes_per_s
     if executor.offload_streams:
         if p_off:  # shard in for forward and backward, grads out, every micro-batch
-            comm_s += (2 * prec.master_bytes + prec.grad_bytes) * shard_params / host
+            comm_s += (2 * prec.master_bytes * shard_params + prec.grad_bytes * trainable) / host
         if p_off or o_off:  # the optimizer steps on the host
-            optim_s = cpu_adam_s(shard_params, cluster, coef)
+            optim_s = cpu_adam_s(trainable, cluster, coef)
             if not p_off:  # grads out, updated params back, per optimizer step
-                optim_s += (prec.grad_bytes + prec.master_bytes) * shard_params / host
+                optim_s += (prec.grad_bytes + prec.master_bytes) * trainable / host
     else:
         # verl loads offloaded states for the phase and offloads them after (each crosses PCIe twice).
         phase_s += 2 * prec.master_bytes * shard_params / host if p_off else 0.0
-        phase_s += 2 * prec.adam_bytes * shard_params / host if o_off else 0.0
+        phase_s += 2 * prec.adam_bytes * trainable / host if o_off else 0.0
     passes = 3 if knobs.gradient_checkpointing else 2
-    a2a_per_token = _ulysses_s(spec, 1, sp, ts.bw, passes=passes)
-    micros_s = _micro_loop_s(
+    micros_s = micro_loop_s(
         seqs_per_rank_mini,
         per_micro,
         seq / sp,
         compute_per_token,
         comm_s,
-        a2a_per_token,
+        _ulysses_s(spec, 1, sp, ts.bw, passes=passes),
         # forward 1 + backward 2 (+ recomputed forward 1): the FLOP multipliers of `training_cost`
-        dispatch_s_per_micro=train_dispatch_s(spec, passes + 1, coef),
+        dispatch_s_per_micro=train_dispatch_s(spec, passes + 1, coef)
+        + _family_micro_s(spec, knobs, ts, lora, min(per_micro, seqs_per_rank_mini) * seq / sp, coef),
     )
     per_epoch = num_minis * (micros_s + optim_s)
     return workload.ppo_epochs * per_epoch + phase_s
@@ -320,6 +239,7 @@ def weight_sync_time_s(
     *,
     executor: ExecutorTraits,
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
+    workload: Workload | None = None,
 ) -> float:
     """Trainer → rollout engine: gather 2·P bf16 bytes, load into vLLM; none for HF rollout."""
     if knobs.rollout_backend == "hf":
@@ -327,6 +247,9 @@ def weight_sync_time_s(
     coef, gpu = coefficients, cluster.gpu
     _, train_gpus = pools(cluster, knobs)
     weights = BF16_BYTES * param_counts(spec)[0]
+    lora = lora_time_terms(spec, workload) if workload is not None else None
+    if lora is not None and executor.lora_rollout == "adapters":  # verl ships the adapters (fp32) only
+        weights = FP32_BYTES * lora.adapter_params
     load_s = weights / knobs.rollout_tp / gpu.hbm_bytes_per_s
     p_off = knobs.param_offload and cluster.device.offload_meaningful
     # Offloaded params come from the host once (verl loads them for the sync; streaming targets read
@@ -348,11 +271,14 @@ def trained_tokens_per_step(workload: Workload) -> float:
 
 def model_flops_per_step(spec: ModelSpec, workload: Workload, executor: ExecutorTraits) -> float:
     """Useful FLOPs (no recompute): 6·P per trained token per epoch, 2·P per log-prob token and per
-    rollout token (prompt + response), attention included, at the expected lengths."""
+    rollout token (prompt + response), attention included, at the expected lengths; with PPO the critic's
+    values pass and update (`critic_time.critic_flops_per_step`)."""
     lengths = lengths_of(workload)
-    fwd = forward_flops_per_token(spec, _attention_seq(lengths, executor.padding))
+    fwd = forward_flops_per_token(spec, attention_seq(lengths, executor.padding))
     passes = int(old_logprob_pass_needed(workload, executor)) + int(workload.use_kl_loss)
-    return trained_tokens_per_step(workload) * fwd * (3 * workload.ppo_epochs + passes + 1)
+    tokens = trained_tokens_per_step(workload)
+    actor = tokens * fwd * (3 * workload.ppo_epochs + passes + 1)
+    return actor + critic_flops_per_step(spec, workload, tokens, fwd)  # PPO: the critic's passes
 
 
 def estimate_time(
@@ -378,8 +304,13 @@ def estimate_time(
         "rollout": rollout,
         "log_prob": log_prob_time_s(model, cluster, workload, knobs, executor=executor, coefficients=coef),
         "update": update_time_s(model, cluster, workload, knobs, executor=executor, coefficients=coef),
-        "weight_sync": weight_sync_time_s(model, cluster, knobs, executor=executor, coefficients=coef),
+        "weight_sync": weight_sync_time_s(
+            model, cluster, knobs, executor=executor, coefficients=coef, workload=workload
+        ),
     }
+    if knobs.strategy == "megatron":  # verl's Megatron workers (megatron_time.py)
+        phases.update(megatron_times(model, cluster, workload, knobs, executor=executor, coefficients=coef))
+    phases.update(critic_times(model, cluster, workload, knobs, executor=executor, coefficients=coef))
     step_s = sum(phases.values())
     peak = cluster.gpu.bf16_flops * cluster.world_size
     return TimeReport.model_construct(  # the search's inner loop: computed values, no validation pass

@@ -50,6 +50,20 @@ the executor behaviour it stands for and the source where it was read:
   HSDP `fsdp_size`); TRL's GRPOConfig has no
   reference offload (the reference stays on the GPU), no Ulysses SP, no log-prob kernel switch (its head
   is always fused), no vLLM eager switch and no scheduler caps (trl 1.16 GRPOConfig fields).
+  The launch families' knobs (`FAMILY_KNOBS`: Megatron's parallel sizes and recompute, activation offload,
+  the LoRA layered summon, the critic's offloads) exist only in verl; our engine and TRL miss them all.
+- algorithms / strategies / rollout_engines: what the executor runs at all. verl runs PPO with a critic
+  (`algorithm.adv_estimator=gae`), the Megatron backend (`actor.strategy=megatron`) and SGLang rollout
+  (`rollout.name=sglang`); TRL's GRPOTrainer and our engine (engine/loop.py) run GRPO on FSDP / ZeRO-3
+  with vLLM or an HF decode loop. A plan asking an executor for what it cannot run is refused
+  (`support.unsupported`), never planned as something else.
+- lora_rollout: how a LoRA policy reaches the rollout engine. verl starts vLLM with `enable_lora` and ships
+  only the adapters each step (workers/rollout/vllm_rollout, fsdp_workers `rollout_mode`:
+  memory/lora_rollout.py); TRL merges the adapters into the base for the weight sync and unmerges after
+  (trl 1.16 grpo_trainer `_move_model_to_vllm`: `merge_adapter()` ... `unmerge_adapter()`), so vLLM runs a
+  plain model and receives full weights; our engine (branch lora) syncs merged weights the same way.
+- quantized_adapter_bytes: the adapters' dtype over a bitsandbytes base: TRL casts them to bf16
+  ("following the QLoRA paper", grpo_trainer.py L530–L541); elsewhere fp32 (peft autocast_adapter_dtype).
 """
 
 from __future__ import annotations
@@ -60,6 +74,26 @@ from grpo_pilot.units import BF16_BYTES, FP32_BYTES
 
 Padding = Literal["remove", "sorted_rows", "batch_max"]
 LogitsKernel = Literal["ours", "verl", "trl"]
+LoraRollout = Literal["adapters", "merged"]
+# Knobs only verl has (Megatron, activation offload, the LoRA layered summon, the critic's offloads).
+FAMILY_KNOBS: frozenset[str] = frozenset(
+    {
+        "strategy",
+        "megatron_tp",
+        "megatron_pp",
+        "megatron_vpp",
+        "megatron_cp",
+        "megatron_sequence_parallel",
+        "megatron_distributed_optimizer",
+        "megatron_recompute",
+        "megatron_recompute_method",
+        "megatron_recompute_num_layers",
+        "activation_offload",
+        "layered_summon",
+        "critic_param_offload",
+        "critic_optimizer_offload",
+    }
+)
 
 
 class ExecutorTraits(NamedTuple):
@@ -80,6 +114,11 @@ class ExecutorTraits(NamedTuple):
     shares_prompts: bool = False
     fused_adamw_on_cpu: bool = False
     balances_batch: bool = False
+    algorithms: frozenset[str] = frozenset({"grpo"})
+    strategies: frozenset[str] = frozenset({"fsdp"})
+    rollout_engines: frozenset[str] = frozenset({"vllm", "hf"})
+    lora_rollout: LoraRollout = "merged"
+    quantized_adapter_bytes: int = FP32_BYTES
 
     def has_knob(self, name: str) -> bool:
         """Whether the executor has a setting for knob `name` (else the search leaves it at its default)."""
@@ -100,7 +139,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         update_entropy_metric=True,
         ref_bytes=BF16_BYTES,
         logits_kernel="ours",
-        missing_knobs=frozenset({"ulysses_sp", "fsdp_size"}),
+        missing_knobs=frozenset({"ulysses_sp", "fsdp_size"}) | FAMILY_KNOBS,
         shares_prompts=True,
         fused_adamw_on_cpu=True,
     ),
@@ -119,6 +158,10 @@ TRAITS: dict[str, ExecutorTraits] = {
         logits_kernel="verl",
         fsdp_on_one_rank=True,
         balances_batch=True,
+        algorithms=frozenset({"grpo", "ppo"}),
+        strategies=frozenset({"fsdp", "megatron"}),
+        rollout_engines=frozenset({"vllm", "sglang", "hf"}),
+        lora_rollout="adapters",
     ),
     "trl": ExecutorTraits(
         name="trl",
@@ -142,7 +185,9 @@ TRAITS: dict[str, ExecutorTraits] = {
                 "max_num_seqs",
                 "max_num_batched_tokens",
             }
-        ),
+        )
+        | FAMILY_KNOBS,
+        quantized_adapter_bytes=BF16_BYTES,
     ),
 }
 TARGET_NAMES: tuple[str, ...] = tuple(TRAITS)

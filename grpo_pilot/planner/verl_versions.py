@@ -54,6 +54,15 @@ CHANGES: tuple[Change, ...] = (
         "model.enable_gradient_checkpointing defaulted to False (ppo_trainer.yaml@v0.1 line 19)",
     ),
     Change(
+        "critic_gradient_checkpointing",
+        "2025-01-27T23:39",
+        "verl 9fca71d2c (#147)",
+        "critic.model.enable_gradient_checkpointing",
+        False,
+        True,
+        "critic.model.enable_gradient_checkpointing defaulted to False (ppo_trainer.yaml@9fca71d2c^ line 103)",
+    ),
+    Change(
         "mini_batch_check",
         "2025-03-14T11:15",
         "verl 4d27461d0 (#559)",

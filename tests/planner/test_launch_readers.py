@@ -104,18 +104,42 @@ def test_verl_deprecated_global_micro_batches_are_divided_by_dp() -> None:
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        ({}, "trains a critic"),
-        ({"actor_rollout_ref.model.lora_rank": "32"}, "LoRA"),
-        ({"actor_rollout_ref.actor.strategy": "megatron"}, "megatron"),
         ({"trainer.nnodes": "0"}, "positive integer"),
+        ({"algorithm.adv_estimator": "gae", "critic.strategy": "megatron"}, "critic trained under Megatron"),
+        ({"algorithm.adv_estimator": "gae", "critic.use_dynamic_bsz": "False"}, "critic has neither"),
     ],
 )
 def test_verl_settings_outside_the_model_are_errors(overrides: dict[str, str], expected: str) -> None:
     base = {"actor_rollout_ref.model.path": "m", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "4"}
-    if overrides:
-        base["algorithm.adv_estimator"] = "grpo"
+    base["algorithm.adv_estimator"] = "grpo"
+    base["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] = "4"
     with pytest.raises(InputError, match=expected):
         verl_launch({**base, **overrides})
+
+
+def test_verl_families_are_read_not_refused() -> None:
+    """GAE (verl's default estimator) trains a critic; LoRA goes into Workload.adapter; Megatron into the knobs."""
+    base = {
+        "actor_rollout_ref.model.path": "m",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "4",
+        "critic.ppo_micro_batch_size_per_gpu": "8",
+    }
+    ppo = verl_launch(base)  # adv_estimator left at verl's default: gae
+    assert ppo.workload["algorithm"] == "ppo" and ppo.workload["critic"].micro_batch_size_per_gpu == 8
+    lora = verl_launch({**base, "algorithm.adv_estimator": "grpo", "actor_rollout_ref.model.lora_rank": "32"})
+    assert lora.workload["adapter"].rank == 32 and "algorithm" not in lora.workload
+    megatron = verl_launch(
+        {
+            **base,
+            "algorithm.adv_estimator": "grpo",
+            "actor_rollout_ref.actor.strategy": "megatron",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": "4",
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": "2",
+        }
+    )
+    k = megatron.knobs
+    assert (k["strategy"], k["megatron_tp"], k["megatron_pp"], k["ulysses_sp"]) == ("megatron", 4, 2, 1)
 
 
 def test_verl_export_reads_back_to_the_same_plan() -> None:

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from grpo_pilot.planner.train_side import seqs_per_token_budget
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner import timing as T
 from grpo_pilot.planner.config import Knobs, Workload
@@ -298,9 +299,9 @@ def test_split_placement_halves_each_pool() -> None:
 
 def test_token_budget_semantics_follow_the_target() -> None:
     """verl multiplies the per-GPU budget by SP; our engine does not: fewer sequences per micro-batch."""
-    assert T._seqs_per_token_budget(4096, 2, 1024, traits_for("verl")) == 8
-    assert T._seqs_per_token_budget(4096, 2, 1024, traits_for("grpo-pilot")) == 4
-    assert T._seqs_per_token_budget(100, 1, 1024, traits_for("grpo-pilot")) == 1  # at least one whole sequence
+    assert seqs_per_token_budget(4096, 2, 1024, traits_for("verl")) == 8
+    assert seqs_per_token_budget(4096, 2, 1024, traits_for("grpo-pilot")) == 4
+    assert seqs_per_token_budget(100, 1, 1024, traits_for("grpo-pilot")) == 1  # at least one whole sequence
 
 
 def test_kv_heads_replicate_beyond_tp() -> None:

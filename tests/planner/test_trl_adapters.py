@@ -1,4 +1,5 @@
-"""--from-trl: adapter settings are read (never dropped) and refused until modelled; TRL's own batch rules."""
+"""--from-trl: adapter settings are read (never dropped) into the workload the planner models (a caller may
+still refuse them: `adapters_modelled=False`); TRL's own batch rules."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from grpo_pilot.planner.from_verl import verl_launch
 SCRIPTS = Path(__file__).resolve().parent / "real_runs" / "scripts"
 
 
-def test_qlora_notebook_settings_are_read_and_refused() -> None:
+def test_qlora_notebook_settings_are_read_into_the_workload() -> None:
     text = (SCRIPTS / "trl_transcribed_grpo_trl_lora_qlora_qwen2-7b-instruct.yaml").read_text()
     with pytest.raises(InputError, match="adapters") as info:
-        read_trl(text, total_gpus=1)
+        read_trl(text, total_gpus=1, adapters_modelled=False)
     assert "r=32" in info.value.message and "4bit" in info.value.message
-    launch = read_trl(text, total_gpus=1, adapters_modelled=True)
+    launch = read_trl(text, total_gpus=1)
+    assert launch.workload["adapter"] == launch.adapter
     a = launch.adapter
     assert a is not None and (a.method, a.rank, a.alpha, a.base_quantization, a.quant_type) == (
         "lora",
@@ -45,8 +47,9 @@ def test_adapter_forms(cfg: dict, expected: tuple) -> None:
     launch = trl_launch({"model_name_or_path": "m", **cfg}, 1, adapters_modelled=True)
     a = launch.adapter
     assert (a.framework, a.method, a.rank, a.base_quantization) == expected
+    assert launch.workload["adapter"] == a  # planned (Workload.adapter), not dropped
     with pytest.raises(InputError, match="not modelled yet"):
-        trl_launch({"model_name_or_path": "m", **cfg}, 1)
+        trl_launch({"model_name_or_path": "m", **cfg}, 1, adapters_modelled=False)
 
 
 def test_verl_lora_is_read_into_the_same_structure() -> None:

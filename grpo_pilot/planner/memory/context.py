@@ -15,12 +15,15 @@ from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.hardware.device_traits import DeviceTraits
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.lengths import Lengths, lengths_of, micro_batch_tokens, response_share
-from grpo_pilot.planner.memory.activations import layer_activation_bytes_per_token
-from grpo_pilot.planner.memory.autocast import autocast_cast_params, autocast_weight_cache_bytes
+from grpo_pilot.planner.memory.activation_offload import ActivationOffload
+from grpo_pilot.planner.memory.autocast import autocast_cast_params
+from grpo_pilot.planner.memory.critic_plan import CriticPlan, critic_engine_start_bytes
+from grpo_pilot.planner.memory.family_parts import actor_states, engine_budget_with_lora, family_parts
 from grpo_pilot.planner.memory.fsdp import gathered_layers_bytes, root_gathered_bytes
 from grpo_pilot.planner.memory.layout import Layout, layout_for
-from grpo_pilot.planner.memory.model_states import actor_state_bytes, sharded_bytes
+from grpo_pilot.planner.memory.lora_plan import LoraPlan
 from grpo_pilot.planner.memory.precision import Precision, precision_for
+from grpo_pilot.planner.memory.rollout_engines import sglang_engine_budget, sleep_leftovers
 from grpo_pilot.planner.memory.shared_prompts import SharedLayout, micro_batch_layouts
 from grpo_pilot.planner.memory.tokens import budget_tokens_per_rank, fixed_tokens_per_rank, sequences_per_sp_group
 from grpo_pilot.planner.memory.vllm_budget import VllmBudget, VllmSettings, vllm_budget
@@ -66,19 +69,32 @@ class MemoryContext(NamedTuple):
     response_share: float  # response share of a micro-batch's positions
     device_bytes: int
     overheads: Overheads
+    # launch families (memory/family_parts.py): None / 0 for a full fine-tune of GRPO without them
+    lora: LoraPlan | None = None
+    frozen_base_bytes: int = 0  # LoRA: one rank's shard of the frozen base (actor_params is the adapters)
+    critic: CriticPlan | None = None
+    activation_offload: ActivationOffload | None = None
 
 
 def engine_start_resident_bytes(
-    knobs: Knobs, *, master_bytes: int, param_offload: bool, trainer_overheads: dict[str, int], split: bool
+    knobs: Knobs,
+    *,
+    master_bytes: int,
+    param_offload: bool,
+    trainer_overheads: dict[str, int],
+    split: bool,
+    critic_bytes: int = 0,
 ) -> int:
     """Trainer memory on a colocated GPU when the vLLM engine profiles (counted against its budget when
     knobs.vllm_memory == 'device'): the actor's sharded parameters unless offloaded (verl fsdp_workers
     .init_model builds and, with param_offload, offloads the actor before _build_rollout; optimizer states
     are created lazily at the first step; the reference model is built after the rollout) and the
-    process's CUDA context, cuBLAS workspace and NCCL buffers."""
-    if knobs.vllm_memory != "device" or split:
+    process's CUDA context, cuBLAS workspace and NCCL buffers. SGLang measures the memory free at its start
+    whatever its version (memory/sglang_budget.py), so for it these always count; a PPO critic is built
+    before the rollout too (`critic_plan.critic_engine_start_bytes`)."""
+    if (knobs.vllm_memory != "device" and knobs.rollout_backend != "sglang") or split:
         return 0
-    return (0 if param_offload else master_bytes) + sum(trainer_overheads.values())
+    return (0 if param_offload else master_bytes) + sum(trainer_overheads.values()) + critic_bytes
 
 
 def process_overheads(
@@ -137,7 +153,20 @@ def rollout_engine(
     overheads: Overheads,
     preexisting_bytes: int,
 ) -> VllmBudget | None:
-    """The vLLM engine's budget on one GPU (None for HF rollout on the policy itself)."""
+    """The rollout engine's budget on one GPU (None for HF rollout on the policy itself): vLLM's, or SGLang's
+    in the same view (memory/rollout_engines.py)."""
+    if knobs.rollout_backend == "sglang":
+        return sglang_engine_budget(
+            model,
+            utilization=knobs.gpu_memory_utilization,
+            tensor_parallel=knobs.rollout_tp,
+            max_num_seqs=knobs.max_num_seqs,
+            cuda_graphs=device.cuda_graphs and not knobs.enforce_eager,
+            device_bytes=device_bytes,
+            weight_bytes=rollout_bytes,
+            overheads=overheads,
+            preexisting_bytes=preexisting_bytes,
+        )
     if knobs.rollout_backend != "vllm":
         return None
     settings = VllmSettings(
@@ -158,13 +187,16 @@ def rollout_engine(
     )
 
 
-def rollout_leftovers(budget: VllmBudget | None, executor: ExecutorTraits, split: bool) -> dict[str, int]:
+def rollout_leftovers(
+    budget: VllmBudget | None, executor: ExecutorTraits, split: bool, engine: str = "vllm"
+) -> dict[str, int]:
     """What a colocated rollout engine keeps allocated during the training phases: verl and our engine free
-    weights and KV cache (sleep level 2; CUDA graphs and non-torch buffers stay); TRL colocate keeps
-    everything (`ExecutorTraits.keeps_rollout_engine`) except the profile run's activation peak."""
+    weights and KV cache (sleep level 2; CUDA graphs and non-torch buffers stay; SGLang keeps its graphs);
+    TRL colocate keeps everything (`ExecutorTraits.keeps_rollout_engine`) except the profile run's
+    activation peak."""
     if budget is None or split:
         return {}
-    kept = {"vllm_non_torch": budget.non_torch_bytes, "vllm_cuda_graphs": budget.cuda_graph_bytes}
+    kept = sleep_leftovers(engine, budget)
     if executor.keeps_rollout_engine:
         kept.update(vllm_weights=budget.weights_bytes, vllm_kv_cache=budget.kv_cache_bytes)
     return kept
@@ -191,16 +223,39 @@ def memory_context(
     sharded = lay.trainer_gpus > 1 or (device.caching_allocator and (executor.fsdp_on_one_rank or offload))
     has_ref = workload.use_kl_loss
     shards = knobs.shard_degree(lay.trainer_gpus)  # FSDP group size (HSDP replicates across groups)
-    master, grads, adam = actor_state_bytes(
-        model.num_params, shards, prec.master_bytes, prec.grad_bytes, prec.adam_bytes
+
+    def tokens_of(k: Knobs) -> tuple[int, int]:
+        return micro_batch_tokens_per_rank(workload, k, executor, lengths=lengths, trainer_gpus=lay.trainer_gpus)
+
+    update_tokens, log_prob_tokens = tokens_of(knobs)
+    fam = family_parts(
+        model,
+        workload,
+        knobs,
+        executor=executor,
+        precision=prec,
+        shards=shards,
+        sharded=sharded,
+        tokens_of=tokens_of,
+        offload_meaningful=device.offload_meaningful,
+    )
+    autocast, c = not sharded and prec.master_bytes != prec.compute_bytes, prec.compute_bytes
+    casts = autocast_cast_params(model, lm_head=not (knobs.fused_logprob and executor.logits_kernel == "ours"))
+    states = actor_states(
+        model, prec, shards=shards, sharded=sharded, has_ref=has_ref, lora=fam.lora, autocast=autocast, casts=casts
     )
     trainer_oh, rollout_oh = process_overheads(
         overheads, device, sharded=lay.trainer_gpus > 1, ulysses_sp=knobs.ulysses_sp, split=lay.split
     )
     preexisting = engine_start_resident_bytes(
-        knobs, master_bytes=master, param_offload=p_off, trainer_overheads=trainer_oh, split=lay.split
+        knobs,
+        master_bytes=states.master_bytes + states.frozen_base_bytes,
+        param_offload=p_off,
+        trainer_overheads=trainer_oh,
+        split=lay.split,
+        critic_bytes=critic_engine_start_bytes(fam.critic),
     )
-    budget = rollout_engine(
+    engine = rollout_engine(
         model,
         knobs,
         device=device,
@@ -209,11 +264,7 @@ def memory_context(
         overheads=overheads,
         preexisting_bytes=preexisting,
     )
-    update_tokens, log_prob_tokens = micro_batch_tokens_per_rank(
-        workload, knobs, executor, lengths=lengths, trainer_gpus=lay.trainer_gpus
-    )
-    autocast, c = not sharded and prec.master_bytes != prec.compute_bytes, prec.compute_bytes
-    casts = autocast_cast_params(model, lm_head=not (knobs.fused_logprob and executor.logits_kernel == "ours"))
+    budget = engine_budget_with_lora(engine, fam.lora)
     shared = dict(group_size=workload.n, applies=executor.shares_prompts and not sharded, compute_bytes=c)
     return MemoryContext(
         model=model,
@@ -227,39 +278,25 @@ def memory_context(
         sharded=sharded,
         shard_degree=shards,
         autocast=autocast,
-        policy_cast_bytes=autocast_weight_cache_bytes(
-            casts, weight_bytes=prec.master_bytes, compute_bytes=c, sharded=sharded
-        ),
-        ref_cast_bytes=autocast_weight_cache_bytes(casts, weight_bytes=prec.ref_bytes, compute_bytes=c, sharded=sharded)
-        if has_ref
-        else 0,
+        policy_cast_bytes=states.policy_cast_bytes,
+        ref_cast_bytes=states.ref_cast_bytes,
         has_ref=has_ref,
         param_offload=p_off,
         optimizer_offload=knobs.optimizer_offload and device.offload_meaningful,
         ref_offload=knobs.ref_param_offload and device.offload_meaningful,
-        master_bytes=master,
-        grad_bytes=grads,
-        adam_bytes=adam,
-        ref_bytes=sharded_bytes(model.num_params, prec.ref_bytes, shards) if has_ref else 0,
+        master_bytes=states.master_bytes,
+        grad_bytes=states.grad_bytes,
+        adam_bytes=states.adam_bytes,
+        ref_bytes=states.ref_bytes,
         trainer_overheads=trainer_oh,
         rollout_overheads=rollout_oh,
         vllm=budget,
-        rollout_leftovers=rollout_leftovers(budget, executor, lay.split),
+        rollout_leftovers=rollout_leftovers(budget, executor, lay.split, knobs.rollout_backend),
         gathered_layers_bytes=gathered_layers_bytes(model.params_per_layer, prec.compute_bytes, unsharded=not sharded),
         root_gathered_bytes=root_gathered_bytes(
             model.embedding_params, model.lm_head_params, prec.compute_bytes, unsharded=not sharded
         ),
-        layer_activation_bytes_per_token=layer_activation_bytes_per_token(
-            model.hidden_size,
-            model.q_dim,
-            model.kv_dim,
-            model.intermediate_size,
-            model.num_attention_heads,
-            prec.compute_bytes,
-            qk_norm=model.qk_norm,
-            num_kv_heads=model.num_kv_heads,
-            autocast=autocast,
-        ),
+        layer_activation_bytes_per_token=states.layer_activation_bytes_per_token,
         update_tokens=update_tokens,
         log_prob_tokens=log_prob_tokens,
         layouts=micro_batch_layouts(
@@ -272,4 +309,8 @@ def memory_context(
         response_share=response_share(lengths),
         device_bytes=device_bytes,
         overheads=overheads,
+        lora=fam.lora,
+        frozen_base_bytes=states.frozen_base_bytes,
+        critic=fam.critic,
+        activation_offload=fam.activation_offload,
     )

@@ -42,7 +42,8 @@ from typer.testing import CliRunner
 
 HERE = Path(__file__).resolve().parent
 CASES_FILE = HERE / "cases.json"
-PLANNER_PHASES = ("rollout", "log_prob", "update")  # the plan's phase_times_s keys compared below
+# the plan's phase_times_s keys compared below (values and critic_update: a PPO plan's critic)
+PLANNER_PHASES = ("rollout", "log_prob", "values", "critic_update", "update")
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -153,10 +154,12 @@ def phase_table(cases: list[dict[str, Any]], answers: list[dict[str, Any]]) -> s
         joined = {
             "rollout": measured.get("rollout"),
             "log_prob": sum(measured.get(k, 0) for k in ("old_log_prob", "ref")) or None,
+            "values": measured.get("values"),
+            "critic_update": measured.get("update_critic"),
             "update": measured.get("update"),
         }
         for phase in PLANNER_PHASES:
-            if joined[phase] is not None:
+            if joined[phase] is not None and phase in predicted:
                 rows.append(f"| {case['id']} | {phase} | {joined[phase]:g} | {predicted[phase]:.1f} |")
     return "\n".join(rows)
 

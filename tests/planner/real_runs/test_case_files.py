@@ -58,10 +58,10 @@ def test_oom_cases_and_phase_times_are_present() -> None:
 
 def test_a_refusal_is_recorded_not_raised() -> None:
     """evaluate() returns grpo-plan's exit code and message for a launch it refuses (exit 2)."""
-    case = next(c for c in load_cases(HERE / "cases_families.json") if c["id"].startswith("verl-tuning-qwen2.5-7b"))
+    case = next(c for c in load_cases(HERE / "cases_families.json") if c["id"].startswith("verl-qwen3moe"))
     answer = evaluate(case)
     assert answer["exit_code"] == 2 and answer["plan"] is None
-    assert "lora_rank=32" in answer["error"]
+    assert "Mixture-of-Experts model under Megatron" in answer["error"]
     assert command(case)[:2] == ["--from-verl", str(HERE / case["launch"]["file"])]
 
 
@@ -69,3 +69,4 @@ def test_corpus_prints_a_case_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--file", "cases_families.json"]) == 0
     out = capsys.readouterr().out
     assert "| verl-one-step-off-colocate-fsdp2-sglang" in out and "Refused:" in out
+    assert "| verl-mi300-ppo-deepseek-llm-7b-8xMI300X | values |" in out  # the critic's phases are tabled
