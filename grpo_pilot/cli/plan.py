@@ -128,7 +128,9 @@ def _evaluate_launch(inputs: Any, knobs: Knobs, trials: int, seed: int) -> tuple
     from grpo_pilot.planner.export import verl_overrides
     from grpo_pilot.planner.make_plan import make_plan
     from grpo_pilot.planner.suggest import suggest
+    from grpo_pilot.planner.support import require_supported
 
+    require_supported(inputs.target, inputs.workload, knobs, model_is_moe=inputs.model.spec.is_moe)
     a = assess(inputs, knobs)
     if a.fits:
         return to_plan(inputs, a), []

@@ -74,7 +74,8 @@ def to_plan(
 
 
 def evaluate(inputs: PlanInputs, knobs: Knobs, *, provenance: Provenance | None = None) -> Plan:
-    """Evaluate exactly this configuration (no search)."""
+    """Evaluate exactly this configuration (no search); refused first when the target cannot run it."""
+    require_supported(inputs.target, inputs.workload, knobs, model_is_moe=inputs.model.spec.is_moe)
     return to_plan(inputs, assess(inputs, knobs), provenance=provenance)
 
 

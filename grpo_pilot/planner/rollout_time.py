@@ -24,7 +24,9 @@ are split evenly over the replicas.
     all-gather of every weight. HF decode loops (our engine's `hf` backend, TRL without vLLM) run eagerly
     and read the sampled tokens back every step: each step costs the host's dispatch of every layer's
     ops plus the step's own (embedding, sampling, stop checks), added to the device's work
-    (`TimeCoefficients.hf_decode_s_per_layer`, `hf_decode_s_per_step`).
+    (`TimeCoefficients.hf_decode_s_per_layer`, `hf_decode_s_per_step`). A bitsandbytes-quantized policy
+    (QLoRA) generating with HF dequantizes every linear in every forward of more than one row (bitsandbytes
+    `matmul_4bit` takes its one-row gemv kernel only for a single token; `lora_time.dequant_micro_s`).
 Every efficiency comes from `TimeCoefficients`.
 """
 
@@ -36,6 +38,7 @@ from typing import NamedTuple
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.lengths import lengths_of
+from grpo_pilot.planner.lora_time import dequant_micro_s, lora_time_terms
 from grpo_pilot.planner.memory.precision import rollout_element_bytes
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.roofline import (
@@ -105,6 +108,7 @@ def rollout_breakdown(
     weight_bytes = rollout_bytes * total_params / tp
     if hf:  # the eager HF decode loop: host dispatch per layer and per step, a readback every step
         eager_s = coef.hf_decode_s_per_layer * spec.num_layers + coef.hf_decode_s_per_step
+        eager_s += dequant_micro_s(lora_time_terms(spec, workload), 1, gpu.hbm_bytes_per_s * coef.hbm_efficiency)
     else:
         eager_s = coef.eager_launch_s_per_layer * spec.num_layers if knobs.enforce_eager else 0.0
     v0 = not hf and knobs.vllm_engine == "v0"

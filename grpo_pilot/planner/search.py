@@ -136,8 +136,8 @@ def frugal_knobs(space: SearchSpace) -> Knobs:
             params[name] = True
         elif name == UPDATE_BATCH:
             params[name] = options[0]
-        elif name in ("rollout_tp", "megatron_tp", "megatron_pp"):  # more sharding, less memory per GPU
-            params[name] = max(options)
+        elif name in ("rollout_tp", "megatron_tp"):  # more sharding, less memory per GPU (TP within a node;
+            params[name] = max(options)  # PP stays at its minimum so TP × PP still divides the GPUs)
         elif name == "megatron_recompute":
             params[name] = "full"
         elif name == "gpu_memory_utilization":

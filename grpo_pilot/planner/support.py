@@ -22,7 +22,9 @@
     with an outcome exists;
   * LoRA with SGLang rollout (SGLang's LoRA pools are not modelled) and with HF rollout in verl;
   * activation offload under Megatron (verl implements it for FSDP only) and an HF rollout under Megatron
-    (verl's Megatron workers roll out with vLLM or SGLang).
+    (verl's Megatron workers roll out with vLLM or SGLang);
+  * a bitsandbytes-quantized base without adapters: nothing is trainable (bitsandbytes weights take no
+    gradients); peft's adapters are what such a launch trains.
 Pure: the CLI turns the list into an `InputError` (exit 2).
 """
 
@@ -73,6 +75,9 @@ def _family_problems(model_is_moe: bool, workload: Workload, knobs: Knobs) -> li
         problems.append("activation offload exists for FSDP only (verl enable_activation_offload)")
     if megatron and knobs.rollout_backend == "hf":
         problems.append("verl's Megatron workers roll out with vLLM or SGLang, not HF generate")
+    quantized_only = workload.adapter is not None and workload.adapter.method == "none"
+    if quantized_only and workload.adapter.base_quantization:
+        problems.append("a bitsandbytes-quantized base without adapters has no trainable weights (add use_peft)")
     if adapter and knobs.rollout_backend == "sglang":
         problems.append("LoRA with SGLang rollout is not modelled (SGLang's LoRA memory pools)")
     return problems
@@ -85,14 +90,13 @@ def unsupported(target: str, workload: Workload, knobs: Knobs, *, model_is_moe: 
 
 def require_supported(target: str, workload: Workload, knobs: Knobs, *, model_is_moe: bool = False) -> None:
     """`unsupported` as an `InputError` naming every reason and what to do instead."""
-    problems = unsupported(target, workload, knobs, model_is_moe=model_is_moe)
-    if not problems:
+    executor = _executor_problems(target, workload, knobs)
+    family = _family_problems(model_is_moe, workload, knobs)
+    if not executor and not family:
         return
-    executor = traits_for(target)
-    runs_elsewhere = any(not p.endswith("not modelled") and "modelled (" not in p for p in problems)
     hint = (
         f"Plan it for the executor that runs it (--target {_RUNS_IT}), or change the job."
-        if target != _RUNS_IT and runs_elsewhere and executor.name != _RUNS_IT
+        if executor
         else "docs/families.md lists what grpo-plan models for each launch family; plan a variant it models."
     )
-    raise InputError(f"This job cannot be planned for --target {target}: {'; '.join(problems)}.", hint)
+    raise InputError(f"This job cannot be planned for --target {target}: {'; '.join(executor + family)}.", hint)
