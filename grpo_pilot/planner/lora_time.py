@@ -85,7 +85,12 @@ def activation_offload_micro_s(
         if checkpointing
         else sum(
             hf_layer_saved_tensor_bytes(
-                spec.hidden_size, spec.q_dim, spec.intermediate_size, spec.num_attention_heads, compute_bytes=c
+                spec.hidden_size,
+                spec.q_dim,
+                spec.intermediate_size,
+                spec.num_attention_heads,
+                kv_dim=spec.kv_dim,
+                compute_bytes=c,
             )
         )
     )

@@ -128,7 +128,12 @@ def activation_offload_of(
         num_layers=model.num_layers,
         tokens=tokens,
         layer_tensor_bytes_per_token=hf_layer_saved_tensor_bytes(
-            model.hidden_size, model.q_dim, model.intermediate_size, model.num_attention_heads, compute_bytes=c
+            model.hidden_size,
+            model.q_dim,
+            model.intermediate_size,
+            model.num_attention_heads,
+            kv_dim=model.kv_dim,
+            compute_bytes=c,
         ),
         checkpoint_input_bytes_per_token=c * model.hidden_size,
         checkpointing=knobs.gradient_checkpointing,
@@ -157,7 +162,6 @@ def family_parts(
             executor=executor,
             precision=precision,
             shard_degree=shards,
-            sharded=sharded,
             tokens=update_tokens,
             rollout_tp=knobs.rollout_tp,
             layered_summon=knobs.layered_summon,

@@ -90,7 +90,6 @@ def lora_plan(
     executor: ExecutorTraits,
     precision: Precision,
     shard_degree: int,
-    sharded: bool,
     tokens: int,
     rollout_tp: int,
     layered_summon: bool,
