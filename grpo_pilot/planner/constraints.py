@@ -38,7 +38,7 @@ from grpo_pilot.planner.constraints_base import check as _check
 from grpo_pilot.planner.constraints_base import rule as _rule
 from grpo_pilot.planner.reports import MemoryReport
 from grpo_pilot.planner.roofline import pools
-from grpo_pilot.planner.family_constraints import family_checks, megatron_model_parallel, minimal_batch
+from grpo_pilot.planner.family_constraints import data_parallel_divisor, family_checks, minimal_batch
 from grpo_pilot.planner.rules import heads_divisible, phases_present
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
@@ -57,9 +57,7 @@ def structural_checks(
     scale = sp if traits_for(target).budget_scaled_by_sp else 1  # verl multiplies budgets by SP; ours and TRL do not
     times_sp = f" × ulysses_sp={sp}" if scale > 1 else ""
     responses = workload.responses_per_step
-    dp = train_gpus // sp if sp <= train_gpus else 0
-    if knobs.strategy == "megatron":  # a data-parallel rank spans TP × PP × CP GPUs (verl validate_config)
-        dp = train_gpus // megatron_model_parallel(knobs)
+    dp = train_gpus // data_parallel_divisor(knobs) if sp <= train_gpus else 0
     mini_per_gpu = workload.mini_batch_prompts * workload.n // dp if dp else 0
     micro = knobs.micro_batch_size_per_gpu
     vllm = knobs.rollout_backend != "hf"  # a rollout engine with its own TP (vLLM or SGLang)

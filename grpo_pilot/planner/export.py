@@ -269,7 +269,6 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
     defaults = Knobs()
     if (k.max_num_seqs, k.max_num_batched_tokens) != (defaults.max_num_seqs, defaults.max_num_batched_tokens):
         notes.append("max_num_seqs / max_num_batched_tokens have no GRPOConfig key")
-    notes += trl_family_notes(w, k)
     if not plan.fits:
         notes.append("this plan does NOT fit; printed for reference only")
     return settings, tuple(notes)
@@ -282,7 +281,7 @@ def trl_config_text(plan: Plan) -> str:
         f"# TRL GRPOConfig for {_model_path(plan)} on {plan.cluster.label()} (grpo-pilot plan: predicted "
         f"{plan.predicted_step_s:.1f} s/step, fits={plan.fits})"
     ]
-    head += [f"# note: {n}" for n in notes]
+    head += [f"# note: {n}" for n in notes + tuple(trl_family_notes(plan.workload, plan.knobs))]
     body = ["from trl import GRPOConfig", "", "config = GRPOConfig("]
     body += [f"    {key}={value!r}," for key, value in settings.items()]
     body += ['    output_dir="grpo-output",', ")"]

@@ -29,6 +29,11 @@ def megatron_model_parallel(knobs: Knobs) -> int:
     return knobs.megatron_tp * knobs.megatron_pp * knobs.megatron_cp
 
 
+def data_parallel_divisor(knobs: Knobs) -> int:
+    """GPUs one data-parallel rank spans: the Ulysses group under FSDP, TP × PP × CP under Megatron."""
+    return megatron_model_parallel(knobs) if knobs.strategy == "megatron" else knobs.ulysses_sp
+
+
 def minimal_batch(knobs: Knobs, train_gpus: int, dp: int) -> int:
     """The responses per step must divide by this (verl validate_config): the training GPUs under FSDP, DP ×
     the micro-batch under Megatron with fixed micro-batches (DP with dynamic batching)."""

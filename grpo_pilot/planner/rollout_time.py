@@ -61,6 +61,13 @@ from grpo_pilot.units import BF16_BYTES
 SAMPLER_TRAFFIC_PER_HELD_BYTE = 2
 
 
+def _hf_step_s(spec: ModelSpec, workload: Workload, coef: TimeCoefficients, hbm_bytes_per_s: float) -> float:
+    """One HF decode step's host time (every layer's dispatch and the step's own), plus a quantized (QLoRA)
+    policy's dequantization of every linear in the forward (module docstring)."""
+    dequant = dequant_micro_s(lora_time_terms(spec, workload), 1, hbm_bytes_per_s * coef.hbm_efficiency)
+    return coef.hf_decode_s_per_layer * spec.num_layers + coef.hf_decode_s_per_step + dequant
+
+
 class RolloutBreakdown(NamedTuple):
     """How one rollout spends its time, per replica (all replicas run in parallel)."""
 
@@ -107,8 +114,7 @@ def rollout_breakdown(
     total_params, active_params = param_counts(spec)
     weight_bytes = rollout_bytes * total_params / tp
     if hf:  # the eager HF decode loop: host dispatch per layer and per step, a readback every step
-        eager_s = coef.hf_decode_s_per_layer * spec.num_layers + coef.hf_decode_s_per_step
-        eager_s += dequant_micro_s(lora_time_terms(spec, workload), 1, gpu.hbm_bytes_per_s * coef.hbm_efficiency)
+        eager_s = _hf_step_s(spec, workload, coef, gpu.hbm_bytes_per_s)
     else:
         eager_s = coef.eager_launch_s_per_layer * spec.num_layers if knobs.enforce_eager else 0.0
     v0 = not hf and knobs.vllm_engine == "v0"

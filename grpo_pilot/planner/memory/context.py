@@ -18,7 +18,7 @@ from grpo_pilot.planner.lengths import Lengths, lengths_of, micro_batch_tokens, 
 from grpo_pilot.planner.memory.activation_offload import ActivationOffload
 from grpo_pilot.planner.memory.autocast import autocast_cast_params
 from grpo_pilot.planner.memory.critic_plan import CriticPlan, critic_engine_start_bytes
-from grpo_pilot.planner.memory.family_parts import actor_states, engine_budget_with_lora, family_parts
+from grpo_pilot.planner.memory.family_parts import FamilyParts, actor_states, engine_budget_with_lora, family_parts
 from grpo_pilot.planner.memory.fsdp import gathered_layers_bytes, root_gathered_bytes
 from grpo_pilot.planner.memory.layout import Layout, layout_for
 from grpo_pilot.planner.memory.lora_plan import LoraPlan
@@ -202,6 +202,40 @@ def rollout_leftovers(
     return kept
 
 
+def _rollout_budget(
+    model: ModelSpec,
+    knobs: Knobs,
+    device: DeviceTraits,
+    device_bytes: int,
+    prec: Precision,
+    overheads: Overheads,
+    trainer_overheads: dict[str, int],
+    split: bool,
+    held_bytes: int,
+    fam: FamilyParts,
+) -> VllmBudget | None:
+    """The rollout engine's budget beside what the trainer holds when it starts (the actor's parameters unless
+    offloaded, a PPO critic's) and vLLM's LoRA slots inside it (memory/family_parts.py)."""
+    preexisting = engine_start_resident_bytes(
+        knobs,
+        master_bytes=held_bytes,
+        param_offload=knobs.param_offload and device.offload_meaningful,
+        trainer_overheads=trainer_overheads,
+        split=split,
+        critic_bytes=critic_engine_start_bytes(fam.critic),
+    )
+    engine = rollout_engine(
+        model,
+        knobs,
+        device=device,
+        device_bytes=device_bytes,
+        rollout_bytes=prec.rollout_bytes,
+        overheads=overheads,
+        preexisting_bytes=preexisting,
+    )
+    return engine_budget_with_lora(engine, fam.lora)
+
+
 def memory_context(
     model: ModelSpec,
     cluster: Cluster,
@@ -247,24 +281,8 @@ def memory_context(
     trainer_oh, rollout_oh = process_overheads(
         overheads, device, sharded=lay.trainer_gpus > 1, ulysses_sp=knobs.ulysses_sp, split=lay.split
     )
-    preexisting = engine_start_resident_bytes(
-        knobs,
-        master_bytes=states.master_bytes + states.frozen_base_bytes,
-        param_offload=p_off,
-        trainer_overheads=trainer_oh,
-        split=lay.split,
-        critic_bytes=critic_engine_start_bytes(fam.critic),
-    )
-    engine = rollout_engine(
-        model,
-        knobs,
-        device=device,
-        device_bytes=device_bytes,
-        rollout_bytes=prec.rollout_bytes,
-        overheads=overheads,
-        preexisting_bytes=preexisting,
-    )
-    budget = engine_budget_with_lora(engine, fam.lora)
+    held = states.master_bytes + states.frozen_base_bytes  # the actor's parameters at the engine's start
+    budget = _rollout_budget(model, knobs, device, device_bytes, prec, overheads, trainer_oh, lay.split, held, fam)
     shared = dict(group_size=workload.n, applies=executor.shares_prompts and not sharded, compute_bytes=c)
     return MemoryContext(
         model=model,
