@@ -1,9 +1,10 @@
 """Adapter (LoRA / QLoRA) settings a launch asks for, read into one structure for every framework.
 
-The planner plans full fine-tuning today; a launch with adapters must not be planned as one silently
-(a QLoRA 7B run on a 16 GB T4 would show 142 GiB). The readers build an `AdapterSettings` from the
-keys below and refuse it (`refuse`) until the planner models adapters; the structure is what that model
-will take. Defaults are each framework's own:
+A launch with adapters must never be planned as a full fine-tune (a QLoRA 7B run on a 16 GB T4 would show
+142 GiB). The readers build an `AdapterSettings` from the keys below; it is `Workload.adapter`, the one home of
+the adapter settings, which the planner models (memory/lora_plan.py) and our engine reads. A caller that
+plans full fine-tunes only can still refuse it (`refuse`, the readers' `adapters_modelled=False`). Defaults
+are each framework's own:
 - TRL `ModelConfig` (trl 1.16 trl/trainer/model_config.py): `use_peft` (False), `lora_r` (16),
   `lora_alpha` (32), `lora_dropout` (0.05), `lora_target_modules` (None: peft's per-architecture
   default), `lora_modules_to_save`, `use_rslora`, `use_dora`, `load_in_4bit` / `load_in_8bit` (False),

@@ -257,7 +257,7 @@ class Knobs(Frozen):
     split_rollout_gpus_per_node: int = Field(
         default=0, ge=0, description="With placement='split': GPUs per node given to rollout (0 = half)."
     )
-    # ---- launch families (planner/families.md): Megatron, activation offload, LoRA sync, the critic ----
+    # ---- launch families (docs/families.md): Megatron, activation offload, LoRA sync, the critic ----
     strategy: Strategy = Field(
         default="fsdp",
         description="Training backend: 'fsdp' (verl FSDP/FSDP2, TRL, our engine) or 'megatron' (verl "

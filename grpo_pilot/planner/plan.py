@@ -1,8 +1,11 @@
 """`Plan`: the frozen, versioned result of planning, stored as plan.json.
 
 JSON contract (other tools read it): top level `schema_version, fits, knobs, peak_gpu_bytes,
-usable_gpu_bytes, predicted_step_s, phases`; `phases` maps rollout, log_prob, update, weight_sync to
-`{"total_bytes": int, "items": {name: bytes}}`; items named `overhead_*` are non-tensor overheads.
+usable_gpu_bytes, predicted_step_s, phases`; `phases` maps rollout, log_prob, update, weight_sync (and, for
+a PPO plan, values and critic_update: `rules.PHASE_ORDER`) to `{"total_bytes": int, "items": {name:
+bytes}}`; items named `overhead_*` are non-tensor overheads. Added without a version bump with the launch
+families: `workload.algorithm`, `workload.critic` and the families' knobs (older plans load with their
+defaults: GRPO, FSDP, no family knob set).
 Added without a version bump (older plans load; their new fields are None): `headroom_bytes`,
 `margin_bytes`, `memory_quantile`, `worst_case_peak_gpu_bytes`, `worst_case_phase`,
 `worst_case_phases` — the expected peak (at the memory quantile of the lengths) and the worst case

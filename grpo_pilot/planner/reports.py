@@ -48,7 +48,9 @@ class PhaseMemory(Frozen):
 class MemoryReport(Frozen):
     """Per-GPU peak memory of every phase, plus host RAM per node."""
 
-    phases: dict[PhaseName, PhaseMemory] = Field(description="rollout, log_prob, update, weight_sync.")
+    phases: dict[PhaseName, PhaseMemory] = Field(
+        description="rollout, log_prob, update, weight_sync; a PPO plan adds values and critic_update."
+    )
     host: PhaseMemory = Field(
         description="Host RAM per node: offloaded states of every rank on the node, pinned buffers."
     )
@@ -74,7 +76,9 @@ class MemoryReport(Frozen):
 class TimeReport(Frozen):
     """Roofline step time by phase (seconds), throughput and utilisation."""
 
-    phases_s: dict[PhaseName, float] = Field(description="rollout, log_prob (old + ref), update, weight_sync seconds.")
+    phases_s: dict[PhaseName, float] = Field(
+        description="rollout, log_prob (old + ref), update, weight_sync seconds (PPO: values, critic_update)."
+    )
     step_s: float = Field(ge=0.0, description="Sum of phases.")
     tokens_per_s: float = Field(ge=0.0, description="Trained tokens (prompt + response) per second, whole cluster.")
     mfu: float = Field(

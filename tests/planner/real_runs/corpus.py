@@ -21,7 +21,8 @@ Fields beyond cases.json's (cases_heldout.json, cases_families.json; absent mean
 - `family` (cases_families.json) — the launch family the case exercises: ppo-critic, megatron, lora, sglang,
   trl-lora, trl-qlora (a list where a launch is two).
 - `outcome.phase_s` — published phase seconds: rollout (verl timing_s/gen), old_log_prob, ref, values,
-  update_critic, update (update_actor). `step_s` is the published seconds per step; `approximate: true` marks a
+  update_critic, update (update_actor); tabled beside the plan's rollout, log_prob (old + ref), values,
+  critic_update and update. `step_s` is the published seconds per step; `approximate: true` marks a
   step time derived from a stated duration and step count; `step_s_upper_bound` a bound from a stated time limit.
 - `outcome.oom_phase` — where the source says the OOM happened (rollout, log_prob, update, or its own words).
 - `outcome.peak_gib` — a measured peak (torch max_memory_reserved, GiB); `wall_s`, `run_steps` — stated durations.
