@@ -11,8 +11,10 @@ tokens (32768 = twice the actor's default 16384; the perf guide, docs/perf/perf_
 ppo_trainer.yaml, which TinyZero-era launches run). Its offloads (`critic.model.fsdp_config.param_offload`,
 `optimizer_offload`) are search knobs (`Knobs.critic_param_offload`, `critic_optimizer_offload`).
 
-A field left None follows the actor's setting as verl derives it: a token budget of
-`CRITIC_BUDGET_FACTOR` × the actor's, or the actor's micro-batch.
+A field left None follows the actor's setting: verl's defaults give the critic twice the actor's token budget
+(32768 beside 16384; memory/critic.py `CRITIC_BUDGET_FACTOR`), and a plan keeps that ratio as the search moves
+the actor's budget (`--emit verl` writes the critic's budget explicitly); with fixed micro-batches the
+critic takes the actor's micro-batch.
 """
 
 from __future__ import annotations

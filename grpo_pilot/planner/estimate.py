@@ -83,7 +83,7 @@ from grpo_pilot.planner.memory.logits import logprob_logits_bytes
 from grpo_pilot.planner.memory.megatron_phases import megatron_engine_budget, megatron_memory
 from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
 from grpo_pilot.planner.memory.optimizer import adam_step_temporary_bytes
-from grpo_pilot.planner.memory.rollout_engines import engine_items
+from grpo_pilot.planner.memory.rollout_engines import SYNC_FIELDS, engine_items
 from grpo_pilot.planner.memory.shared_prompts import groups_spanned, shared_positions
 from grpo_pilot.planner.memory.tokens import scored_tokens, sequences_per_sp_group
 from grpo_pilot.planner.memory.ulysses import all_to_all_buffer_bytes
@@ -388,7 +388,7 @@ def weight_sync_memory(ctx: MemoryContext) -> dict[str, int]:
     )
     bucket = ctx.overheads.weight_sync_bucket_bytes
     transfer = lora_sync_items(ctx) or {"weight_sync_bucket": bucket, "largest_gathered_tensor": largest}
-    kept = ("weights_bytes", "non_torch_bytes", "cuda_graph_bytes")
+    kept = SYNC_FIELDS[ctx.knobs.rollout_backend]
     if ctx.executor.keeps_rollout_engine or ctx.layout.split:  # the engine never sleeps: its KV cache stays
         kept += ("kv_cache_bytes",)
     engine = engine_items(ctx.knobs.rollout_backend, bud, include=kept)

@@ -232,3 +232,33 @@ def test_megatron_pipeline_time_pays_the_bubble() -> None:
     }
     assert times[1] > 0 and times[2] > 0
     assert times[2] != times[1]
+
+
+# ---- conformance: every family's estimate ---------------------------------------------------------------------
+
+FAMILY_CONFIGS = {
+    "ppo": (Workload(algorithm="ppo"), {}),
+    "lora": (Workload(adapter=LORA32), {"layered_summon": True}),
+    "sglang": (Workload(), {"rollout_backend": "sglang"}),
+    "activation_offload": (Workload(), {"activation_offload": True}),
+    "megatron": (Workload(), {"strategy": "megatron", "megatron_tp": 4, "megatron_pp": 2}),
+    "megatron_vpp_cp": (
+        Workload(),
+        {"strategy": "megatron", "megatron_tp": 2, "megatron_pp": 2, "megatron_vpp": 2, "megatron_cp": 2},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", FAMILY_CONFIGS)
+def test_family_estimates_conform(name: str) -> None:
+    """Items non-negative and summing to each total; more tokens per micro-batch, more update memory."""
+    workload, knobs = FAMILY_CONFIGS[name]
+    small = _mem(workload, micro_batch_size_per_gpu=1, **knobs)
+    large = _mem(workload, micro_batch_size_per_gpu=8, **knobs)
+    for report in (small, large):
+        for phase, pm in list(report.phases.items()) + [("host", report.host)]:
+            assert all(v >= 0 for v in pm.items.values()), (name, phase)
+            assert sum(pm.items.values()) == pm.total_bytes, (name, phase)
+    assert large.phases["update"].total_bytes > small.phases["update"].total_bytes, name
+    t = estimate_time(QWEN7, H100x8, workload, Knobs(**knobs), target="verl")
+    assert t.step_s == pytest.approx(sum(t.phases_s.values())) and all(v >= 0 for v in t.phases_s.values())

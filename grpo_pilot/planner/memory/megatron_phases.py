@@ -56,7 +56,7 @@ from grpo_pilot.planner.memory.megatron_activations import (
     stage_activation_bytes,
     update_peak_items,
 )
-from grpo_pilot.planner.memory.rollout_engines import engine_items
+from grpo_pilot.planner.memory.rollout_engines import SYNC_FIELDS, engine_items
 from grpo_pilot.planner.memory.shape import TransformerShape, shape_of
 from grpo_pilot.planner.memory.vllm_budget import VllmBudget
 from grpo_pilot.planner.memory.weight_sync import largest_param_elements
@@ -282,7 +282,7 @@ def _weight_sync(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int
         "weight_sync_bucket": ctx.overheads.weight_sync_bucket_bytes,
         "megatron_weight_export": megatron_weight_export_bytes(largest, p.par, ctx.precision.compute_bytes),
     }
-    kept = ("weights_bytes", "non_torch_bytes", "cuda_graph_bytes")
+    kept = SYNC_FIELDS[ctx.knobs.rollout_backend]
     if ctx.layout.split:
         kept += ("kv_cache_bytes",)
     engine = engine_items(ctx.knobs.rollout_backend, p.budget, include=kept)

@@ -43,6 +43,15 @@ _ITEMS = {
 }
 
 
+# What a sleeping engine has resumed while the trainer's weights arrive: vLLM its weights (sleep level 2 frees
+# weights and KV cache; graphs and non-torch buffers never leave), SGLang its weights (verl resumes `weights`,
+# syncs, then resumes `kv_cache`, the tag the ReqToTokenPool is allocated under) and its graphs.
+SYNC_FIELDS = {
+    "vllm": ("weights_bytes", "non_torch_bytes", "cuda_graph_bytes"),
+    "sglang": ("weights_bytes", "cuda_graph_bytes"),
+}
+
+
 def engine_items(engine: str, budget: VllmBudget, *, include: tuple[str, ...] | None = None) -> dict[str, int]:
     """The engine's memory items (all of them, or the fields named in `include`)."""
     return {name: getattr(budget, field) for name, field in _ITEMS[engine] if include is None or field in include}
