@@ -24,7 +24,10 @@
   * activation offload under Megatron (verl implements it for FSDP only) and an HF rollout under Megatron
     (verl's Megatron workers roll out with vLLM or SGLang);
   * a bitsandbytes-quantized base without adapters: nothing is trainable (bitsandbytes weights take no
-    gradients); peft's adapters are what such a launch trains.
+    gradients); peft's adapters are what such a launch trains;
+  * DoRA (peft `use_dora`: the magnitude vector and a weight-norm recomputation of every adapted weight in
+    each forward) and `modules_to_save` (modules trained in full beside the adapters): the LoRA leaves count
+    plain adapters only.
 Pure: the CLI turns the list into an `InputError` (exit 2).
 """
 
@@ -75,6 +78,13 @@ def _family_problems(model_is_moe: bool, workload: Workload, knobs: Knobs) -> li
         problems.append("activation offload exists for FSDP only (verl enable_activation_offload)")
     if megatron and knobs.rollout_backend == "hf":
         problems.append("verl's Megatron workers roll out with vLLM or SGLang, not HF generate")
+    if adapter and workload.adapter.method == "dora":
+        problems.append("DoRA is not modelled (its weight-norm recomputation holds a full weight per adapted layer)")
+    if adapter and workload.adapter.modules_to_save:
+        problems.append(
+            f"modules trained in full beside the adapters ({', '.join(workload.adapter.modules_to_save)[:60]}) "
+            "are not modelled"
+        )
     quantized_only = workload.adapter is not None and workload.adapter.method == "none"
     if quantized_only and workload.adapter.base_quantization:
         problems.append("a bitsandbytes-quantized base without adapters has no trainable weights (add use_peft)")

@@ -156,7 +156,9 @@ def _recompute(v: Values) -> dict[str, Any]:
         method = str(method or "uniform")
         if method not in ("uniform", "block"):
             raise InputError(f"recompute_method={method[:40]} is not uniform or block.", "Fix the override.")
-        out.update(megatron_recompute_method=method, megatron_recompute_num_layers=max(1, int(layers or 1)))
+        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+            raise InputError(f"recompute_num_layers={str(layers)[:40]} is not a positive integer.", "Fix the override.")
+        out.update(megatron_recompute_method=method, megatron_recompute_num_layers=layers or 1)
     return out
 
 

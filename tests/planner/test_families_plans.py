@@ -45,6 +45,14 @@ def _inputs(workload: Workload, target: str = "verl", model: str = "qwen2.5-7b",
         ("verl", Workload(adapter=LORA), Knobs(strategy="megatron"), "LoRA under Megatron"),
         ("verl", Workload(adapter=LORA), Knobs(rollout_backend="sglang"), "LoRA with SGLang"),
         ("verl", Workload(), Knobs(strategy="megatron", rollout_backend="hf"), "vLLM or SGLang"),
+        ("trl", Workload(adapter=LORA.model_copy(update={"method": "dora"})), Knobs(), "DoRA"),
+        ("trl", Workload(adapter=LORA.model_copy(update={"modules_to_save": ("lm_head",)})), Knobs(), "lm_head"),
+        (
+            "trl",
+            Workload(adapter=LORA.model_copy(update={"method": "none", "base_quantization": "4bit"})),
+            Knobs(),
+            "no trainable weights",
+        ),
     ],
 )
 def test_what_an_executor_cannot_run_is_refused(target: str, workload: Workload, knobs: Knobs, reason: str) -> None:
