@@ -35,7 +35,7 @@ REFUSED = {
 }
 KNOWN_MISSES = {
     "tinyzero-ppo-qwen2.5-3b-2xH100": (
-        "OOM on 2 H100, predicted to fit at 73 of 79.6 GiB: verl 0.1 without remove-padding computes the entropy "
+        "OOM on 2 H100, predicted to fit at 71.8 of 79.6 GiB: verl 0.1 without remove-padding computes the entropy "
         "of the padded [B, R, V] logits eagerly under bf16 autocast (softmax and logsumexp in fp32: two more "
         "logits-sized fp32 tensors saved for backward), which memory/logits.py's verl kernel (the compiled rmpad "
         "path) does not count: +5 to 8 GiB on the update"
