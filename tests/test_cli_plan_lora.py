@@ -1,5 +1,6 @@
-"""`grpo-plan --lora-rank`: the adapter a plan carries for grpo-run (examples/tiny/plan-lora.json was made so), the
-note that the estimate is full fine-tuning's, and the flags' bad uses."""
+"""`grpo-plan --lora-rank`: the adapter a plan carries for grpo-run (examples/tiny/plan-lora.json was made so, by a
+grpo-plan that did not model adapters yet: its figures are full fine-tuning's), the adapter's items in a plan made
+now, and the flags' bad uses."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from typer.testing import CliRunner
 
 from grpo_pilot.cli.plan import app
+from grpo_pilot.planner.adapters import adapters_modelled
 from grpo_pilot.planner.plan import load_plan
 
 runner = CliRunner()
@@ -19,8 +21,11 @@ def test_the_committed_lora_example_is_what_its_command_makes(tmp_path):
     out = tmp_path / "plan-lora.json"
     result = runner.invoke(app, [*TINY, "--kl", "--lora-rank", "8", "--lora-alpha", "16", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "this estimate is full fine-tuning's" in " ".join(result.output.split())
+    # grpo-plan models the adapters now: a frozen base and adapter states, no full fine-tuning note
+    assert "this estimate is full fine-tuning's" not in " ".join(result.output.split())
     made, committed = load_plan(out), load_plan("examples/tiny/plan-lora.json")
+    assert made.phases["update"].items["frozen_base"] > 0 and adapters_modelled(made)
+    assert made.phases["update"].items["ref_params"] == 0  # the reference is the base with adapters disabled
     # the workload (adapter included) is the command's; the knobs are the search's, which moves with the estimator
     assert made.workload == committed.workload and made.knobs.rollout_backend == committed.knobs.rollout_backend
     adapter = made.workload.adapter
