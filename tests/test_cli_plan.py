@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer import main as typer_main
 from typer.testing import CliRunner
 
 from grpo_pilot.cli.plan import app, parse_pins
@@ -213,16 +214,100 @@ def test_emit_verl_and_trl() -> None:
     assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B" in verl.stdout
     trl = run("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "trl", *FAST)
     assert trl.exit_code == 0 and "GRPOConfig(" in trl.stdout and "num_generations=5," in trl.stdout
+    # the export alone on stdout; the tables (which say the target) on stderr
+    assert verl.stdout.startswith("# verl GRPO for") and trl.stdout.startswith("# TRL GRPOConfig for")
+    assert "GPU memory per phase" not in verl.stdout + trl.stdout
     # --emit picks the executor the estimate models unless --target says otherwise
-    assert "target verl" in verl.stdout and "target trl" in trl.stdout
+    assert "target verl" in verl.stderr and "target trl" in trl.stderr
     ours = run("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "verl", "--target", "grpo-pilot", *FAST)
-    assert ours.exit_code == 0 and "target grpo-pilot" in ours.stdout
+    assert ours.exit_code == 0 and "target grpo-pilot" in ours.stderr
+
+
+def _plan_entry(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """grpo-plan as a process with stdout to a pipe, the way `grpo-plan ... > launch.sh` runs."""
+    cmd = [sys.executable, "-c", "from grpo_pilot.cli import plan_entry; plan_entry()", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd, env={**os.environ})
+
+
+def test_emit_verl_on_stdout_is_a_shell_script(tmp_path: Path) -> None:
+    done = _plan_entry("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "verl", "--out", str(tmp_path / "p.json"))
+    assert done.returncode == 0, done.stderr
+    assert "FITS" in done.stderr and "plan written to" in done.stderr
+    script = tmp_path / "launch.sh"
+    script.write_text(done.stdout)
+    checked = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    # bash reads it as one command with the plan's overrides
+    words = subprocess.run(
+        ["bash", "-c", f"python3() {{ printf '%s\\n' \"$@\"; }}; source {script}"], capture_output=True, text=True
+    )
+    assert words.returncode == 0 and "actor_rollout_ref.rollout.n=5" in words.stdout.splitlines()
+
+
+def test_emit_trl_on_stdout_constructs_the_grpo_config(tmp_path: Path) -> None:
+    """The printed Python builds the installed GRPOConfig: verbatim for a CPU plan; a GPU plan with bf16 swapped for
+    use_cpu (bf16 validates only on a GPU), its FSDP checkpointing beside gradient_checkpointing=False."""
+    trl = pytest.importorskip("trl")
+    tiny = _plan_entry(
+        *"--model examples/tiny --gpus 1xcpu --prompts-per-step 8 --mini-batch 8 --n 4 --prompt-len 32".split(),
+        *"--response-len 16 --no-kl --pin rollout_backend=hf --emit trl".split(),
+    )
+    assert tiny.returncode == 0, tiny.stderr
+    scope: dict = {}
+    exec(compile(tiny.stdout, "<trl>", "exec"), scope)  # noqa: S102 - our own export
+    assert isinstance(scope["config"], trl.GRPOConfig) and scope["config"].num_generations == 4
+    gpu = _plan_entry("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "trl", "--pin", "gradient_checkpointing=true")
+    assert gpu.returncode == 0, gpu.stderr
+    line = next(x for x in gpu.stdout.splitlines() if "gradient_checkpointing=" in x)
+    assert line.startswith("    gradient_checkpointing=False,  # ") and "activation_checkpointing" in line
+    scope = {}
+    text = gpu.stdout.replace("bf16=True,", "bf16=False, use_cpu=True,").replace("grpo-output", str(tmp_path))
+    exec(compile(text, "<trl>", "exec"), scope)  # noqa: S102
+    config = scope["config"]
+    assert config.fsdp_plugin_args["activation_checkpointing"] is True and config.gradient_checkpointing is False
+
+
+def test_a_pin_the_target_has_no_setting_for_is_refused() -> None:
+    r = run("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "trl", "--pin", "ref_param_offload=true", *FAST)
+    assert r.exit_code == 2 and "target trl has no setting for ref_param_offload" in r.stderr
+    # the default the executor runs as may be pinned
+    r = run("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "trl", "--pin", "ref_param_offload=false", *FAST)
+    assert r.exit_code == 0, r.stderr
 
 
 def test_list_models() -> None:
     r = run("--list-models")
     assert r.exit_code == 0
     assert "qwen-32b" in r.stdout and "qwen3-32b" in r.stdout and "llama-3.1-70b" in r.stdout
+
+
+def test_list_models_piped_is_never_cut() -> None:
+    """Off a terminal every bundled name and hub id is printed whole (rich would cut them at 80 columns)."""
+    from grpo_pilot.profiles.catalog import all_aliases
+
+    r = run("--list-models")
+    assert "…" not in r.stdout
+    for name in all_aliases():
+        assert name in r.stdout.split(), name
+    assert "smollm2-135m-gguf" in r.stdout
+
+
+def test_help_piped_shows_every_flag_whole_and_honest_defaults() -> None:
+    from grpo_pilot.cli.plan_flags import PlanArgs
+    from grpo_pilot.cli.run import app as run_app
+    from grpo_pilot.cli.tune import app as tune_app
+    from grpo_pilot.planner.search import DEFAULT_TRIALS
+
+    for command in (app, run_app, tune_app):
+        r = runner.invoke(command, ["--help"])
+        assert r.exit_code == 0 and "…" not in r.stdout
+        params = typer_main.get_command(command).params
+        for decl in (d for p in params for d in p.opts + p.secondary_opts if d.startswith("--")):
+            assert decl in r.stdout, decl
+    help_text = runner.invoke(app, ["--help"]).stdout
+    trials = help_text[help_text.index("--trials") :].split("--seed")[0]
+    assert f"[default: {DEFAULT_TRIALS}]" in trials and "default: 0" not in trials
+    assert PlanArgs().trials == DEFAULT_TRIALS
 
 
 def test_installed_entry_point_runs_as_a_process() -> None:

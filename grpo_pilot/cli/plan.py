@@ -1,22 +1,24 @@
 """`grpo-plan`: does a GRPO run fit, with which knobs, and how fast will a step be?
 
-Flow: parse flags → resolve model, cluster and workload (lengths from flags, a lengths file or a
-dataset) → search (or evaluate the fully pinned knobs, or a verl / TRL launch as given) → print rich
-tables (cli_plan_render.py) or only the plan JSON with --json → write plan.json atomically (--out) →
-optionally print the verl command or TRL config (--emit). Does not fit → exit 3 with the binding
-constraint and suggestions on stderr (--json still prints the evaluated plan); bad input → exit 2.
+Flow: the flags (`plan_flags.PlanArgs`) and their rules (`plan_flags.RULES`) → resolve model, cluster and
+workload (lengths from flags, a lengths file or a dataset) → search (or evaluate the fully pinned knobs, or a
+verl / TRL launch as given) → print rich tables (plan_render.py), or only the plan JSON with --json, or only
+the verl command / TRL config with --emit (the tables then go to stderr) → write plan.json atomically (--out).
+Does not fit → exit 3 with the binding constraint and suggestions on stderr (--json still prints the evaluated
+plan); bad input → exit 2.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 
-from grpo_pilot.cli.errors import handle_errors
+from grpo_pilot.cli.options import check_rules, command, console
+from grpo_pilot.cli.plan_flags import RULES, PlanArgs
 from grpo_pilot.cli.plan_inputs import launch_cluster, length_fields, make_workload, read_text
 from grpo_pilot.cli.plan_render import list_models, render
 from grpo_pilot.errors import ConditionalFitError, InfeasibleError, InputError
@@ -24,17 +26,11 @@ from grpo_pilot.hardware.cluster import Cluster, parse_cluster, parse_size_bytes
 from grpo_pilot.planner.adapters import adapters_modelled, flag_adapter
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
 from grpo_pilot.planner.plan import Plan, check_plan_out, save_plan
-from grpo_pilot.planner.search import DEFAULT_TRIALS
 from grpo_pilot.profiles.catalog import resolve_model
 from grpo_pilot.profiles.gguf import is_gguf_ref
 from grpo_pilot.units import GiB
 
-TARGETS = ("grpo-pilot", "verl", "trl")
-EMITS = ("verl", "trl")
-ALGORITHMS = ("grpo", "ppo")
 _NONE_WORDS = {"none", "null", ""}
-# workload flags a launch file sets itself
-_LAUNCH_SETS = ("--prompts-per-step", "--mini-batch", "--n", "--kl/--no-kl", "--prompt-len", "--response-len")
 
 app = typer.Typer(
     add_completion=False, help="Plan a GRPO run: per-GPU memory by phase, step time, and the knobs that fit."
@@ -87,6 +83,27 @@ def check_pins(inputs: Any, pins: dict[str, Any]) -> None:
         )
 
 
+def check_executor_pins(target: str, pins: dict[str, Any]) -> None:
+    """A pin the target executor has no setting for (`ExecutorTraits.missing_knobs`) cannot be exported or run
+    as planned: refused (exit 2) unless it pins the default the executor behaves as. The launch families' knobs
+    are `planner.support`'s to refuse, with the executor that runs them."""
+    from grpo_pilot.planner.traits import FAMILY_KNOBS, TRAITS
+
+    defaults = Knobs()
+    moved = [
+        k
+        for k, v in pins.items()
+        if k not in FAMILY_KNOBS and not TRAITS[target].has_knob(k) and v != getattr(defaults, k)
+    ]
+    if moved:
+        shown = " ".join(f"--pin {k}={pins[k]}" for k in moved)
+        raise InputError(
+            f"{shown}: target {target} has no setting for {', '.join(moved)} (it runs as "
+            f"{', '.join(f'{k}={getattr(defaults, k)}' for k in moved)}), so the plan would not be what it runs.",
+            "Drop that --pin, or plan for another --target.",
+        )
+
+
 def _cluster(gpus: str, host_bytes: int | None) -> Cluster:
     if gpus.strip().lower() == "local":
         from grpo_pilot.hardware.detect import local_cluster  # imports torch, only on this path
@@ -110,14 +127,14 @@ def _inputs(model: str, cluster: Cluster, workload: Workload, target: str, headr
     )  # type: ignore[arg-type]
 
 
-def _calibrate(inputs: Any, path: str | None, off: bool) -> tuple[Any, str | None]:
+def _calibrate(inputs: Any, args: PlanArgs) -> tuple[Any, str | None]:
     """The calibration that applies (--calibration FILE, else the default file unless --no-calibration)."""
-    if path and off:
-        raise InputError("--calibration and --no-calibration contradict each other.", "Use one of them.")
     from grpo_pilot.planner.calibration import choose_calibration
     from grpo_pilot.tuner.versions import software_versions
 
-    return choose_calibration(inputs, path, use_default=not off, versions=software_versions())
+    return choose_calibration(
+        inputs, args.calibration, use_default=not args.no_calibration, versions=software_versions()
+    )
 
 
 def _evaluate_launch(inputs: Any, knobs: Knobs, trials: int, seed: int) -> tuple[Plan, list[str]]:
@@ -165,26 +182,18 @@ def _infeasible(plan: Plan, *, written: bool) -> InfeasibleError:
 
 
 def _launch(
-    from_verl: str | None,
-    from_trl: str | None,
-    overrides: list[str],
-    model: str | None,
-    gpus: str | None,
-    host_bytes: int | None,
-    lengths: dict[str, Any],
-    *,
-    script_args: str | None = None,
+    args: PlanArgs, host_bytes: int | None, lengths: dict[str, Any]
 ) -> tuple[str, Cluster, Workload, Knobs, list[str], str, dict[str, Any]]:
     """(model, cluster, workload, knobs, notes, target, HF config overrides) of a verl script or a TRL config."""
     hf_overrides: dict[str, Any] = {}
-    if from_verl:
+    if args.from_verl:
         from grpo_pilot.planner.from_verl import read_verl
         from grpo_pilot.planner.shell_words import split_words
 
-        args = split_words(script_args) if script_args else []
-        text = read_text(from_verl, "verl launch script")
-        launch = read_verl(text, overrides, script_args=args, model_fallback=model)
-        cluster = launch_cluster(gpus, launch.num_nodes, launch.gpus_per_node, host_bytes)
+        script_args = split_words(args.script_args) if args.script_args else []
+        text = read_text(args.from_verl, "verl launch script")
+        launch = read_verl(text, args.override, script_args=script_args, model_fallback=args.model)
+        cluster = launch_cluster(args.gpus, launch.num_nodes, launch.gpus_per_node, host_bytes)
         workload_fields, knobs, notes, target = dict(launch.workload), launch.knobs, list(launch.notes), "verl"
         launch_model, hf_overrides = launch.model, dict(launch.hf_overrides)
         if not launch.remove_padding:
@@ -192,10 +201,11 @@ def _launch(
     else:
         from grpo_pilot.planner.from_trl import read_trl
 
-        if not gpus:
+        if not args.gpus:
             raise InputError("--from-trl needs --gpus (a TRL config does not name the GPUs).", "e.g. --gpus 8xH100.")
-        cluster = _cluster(gpus, host_bytes)
-        trl = read_trl(read_text(str(from_trl), "TRL config"), cluster.world_size, overrides, cluster.num_nodes)
+        cluster = _cluster(args.gpus, host_bytes)
+        text = read_text(str(args.from_trl), "TRL config")
+        trl = read_trl(text, cluster.world_size, args.override, cluster.num_nodes)
         workload_fields, knobs, notes, target = dict(trl.workload), trl.knobs, list(trl.notes), "trl"
         launch_model = trl.model
     # the launch's maxima win over the flag defaults; means, spreads and sources come from the flags
@@ -207,7 +217,7 @@ def _launch(
         knob_values = Knobs(**{**Knobs().model_dump(), **knobs})
     except ValidationError as exc:
         raise InputError(f"The launch's settings are not a valid plan: {exc.errors()[0]['msg']}.", "") from None
-    chosen = model or launch_model
+    chosen = args.model or launch_model
     try:
         resolve_model(chosen)
     except InputError:
@@ -218,16 +228,12 @@ def _launch(
     return chosen, cluster, workload, knob_values, notes, target, hf_overrides
 
 
-def _flag_adapter(rank: int | None, alpha: float | None, targets: str, base: str | None, *, launch: bool) -> Any:
-    """Workload.adapter from --lora-rank / --lora-alpha / --lora-targets / --quantize-base (None without them)."""
-    given = rank is not None or alpha is not None or targets != "all-linear" or base is not None
-    if not given:
+def _flag_adapter(args: PlanArgs) -> Any:
+    """Workload.adapter from --lora-rank / --lora-alpha / --lora-targets / --quantize-base (None without them;
+    which of them may be given with what is `plan_flags.RULES`')."""
+    if args.lora_rank is None:
         return None
-    if launch:
-        raise InputError("--lora-* and --quantize-base conflict with a launch file.", "Set adapters in the launch.")
-    if rank is None:
-        raise InputError("--lora-alpha, --lora-targets and --quantize-base need --lora-rank.", "Add --lora-rank R.")
-    return flag_adapter(rank, alpha=alpha, targets=targets, base_bits=base)
+    return flag_adapter(args.lora_rank, alpha=args.lora_alpha, targets=args.lora_targets, base_bits=args.quantize_base)
 
 
 def _with_hf_overrides(inputs: Any, hf_overrides: dict[str, Any]) -> tuple[Any, list[str]]:
@@ -240,277 +246,142 @@ def _with_hf_overrides(inputs: Any, hf_overrides: dict[str, Any]) -> tuple[Any, 
     return inputs.model_copy(update={"model": inputs.model.model_copy(update={"spec": spec})}), notes
 
 
-@app.command()
-@handle_errors
-def main(
-    model: Optional[str] = typer.Option(
-        None,
-        "--model",
-        "-m",
-        help="Bundled alias (qwen-32b, llama-8b, ...), hub id of a bundled model, or a path to an HF config.json "
-        "/ model dir.",
-    ),
-    gpus: Optional[str] = typer.Option(
-        None,
-        "--gpus",
-        "-g",
-        help="Cluster: 8xA100-80G, 8xH100, 2x8xH100-80G, 16xH20, 1xcpu, or 'local'. With --from-verl the GPU name "
-        "alone (H800): the script gives the counts.",
-    ),
-    host_ram: Optional[str] = typer.Option(None, "--host-ram", help="Host RAM per node, e.g. 1TiB, 512GiB (1 TiB)."),
-    target: Optional[str] = typer.Option(
-        None,
-        "--target",
-        help="Executor the estimate models: grpo-pilot, verl or trl (default: the --emit framework or the launch "
-        "file's, else grpo-pilot).",
-    ),
-    prompts_per_step: Optional[int] = typer.Option(
-        None, "--prompts-per-step", min=1, help="Prompts per step (verl data.train_batch_size; 1024)."
-    ),
-    mini_batch: Optional[int] = typer.Option(
-        None, "--mini-batch", min=1, help="Prompts per PPO mini-batch, one optimizer step each (256)."
-    ),
-    n: Optional[int] = typer.Option(None, "--n", min=1, help="Responses per prompt (group size; 5)."),
-    prompt_len: Optional[int] = typer.Option(None, "--prompt-len", min=1, help="Longest prompt, tokens (512)."),
-    response_len: Optional[int] = typer.Option(None, "--response-len", min=1, help="Longest response, tokens (1024)."),
-    prompt_len_mean: Optional[float] = typer.Option(
-        None, "--prompt-len-mean", min=1, help="Mean prompt length, tokens (default: the maximum)."
-    ),
-    response_len_mean: Optional[float] = typer.Option(
-        None, "--response-len-mean", min=1, help="Mean response length, tokens (default: the maximum)."
-    ),
-    prompt_len_std: Optional[float] = typer.Option(
-        None, "--prompt-len-std", min=0, help="Standard deviation of prompt lengths (default: bounded from mean/max)."
-    ),
-    response_len_std: Optional[float] = typer.Option(
-        None, "--response-len-std", min=0, help="Standard deviation of response lengths (default: bounded)."
-    ),
-    lengths: Optional[str] = typer.Option(
-        None, "--lengths", help="JSONL of {prompt_tokens, response_tokens} per sample (grpo-run's lengths.jsonl)."
-    ),
-    lengths_from: Optional[str] = typer.Option(
-        None, "--lengths-from", help="A JSONL dataset whose prompts are measured (needs --tokenizer and the engine)."
-    ),
-    tokenizer: Optional[str] = typer.Option(
-        None, "--tokenizer", help="Tokenizer / model directory for --lengths-from."
-    ),
-    headroom_gib: Optional[float] = typer.Option(
-        None, "--headroom-gib", min=0, help="GiB kept free on every GPU (default 5% of the device)."
-    ),
-    kl: Optional[bool] = typer.Option(None, "--kl/--no-kl", help="KL loss against a frozen reference model (on)."),
-    algorithm: Optional[str] = typer.Option(
-        None,
-        "--algorithm",
-        help="grpo (default: group-relative advantages, no critic) or ppo (GAE with a critic: verl "
-        "adv_estimator=gae; planned for --target verl, the executor that runs it).",
-    ),
-    compare: Optional[str] = typer.Option(
-        None,
-        "--compare",
-        help="Also plan the other algorithm (grpo or ppo) for the same model, cluster and workload and print "
-        "both side by side per phase (memory and time); the target defaults to verl, which runs both.",
-    ),
-    from_verl: Optional[str] = typer.Option(
-        None, "--from-verl", help="Evaluate a verl launch script (or a file of Hydra overrides) exactly as given."
-    ),
-    from_trl: Optional[str] = typer.Option(
-        None, "--from-trl", help="Evaluate a TRL GRPOConfig YAML (or an Axolotl GRPO config) exactly as given."
-    ),
-    override: list[str] = typer.Option(
-        [],
-        "--override",
-        help="With --from-verl: a Hydra override applied after the script (key.path=value, ~key.path), an "
-        "environment variable set before it (NAME=value, e.g. VLLM_USE_V1=0), or VERL_VERSION=<release or date> "
-        "for the verl the launch runs on (its defaults and batch semantics). With --from-trl: a config key "
-        "(key=value, e.g. num_processes=8). Repeatable.",
-    ),
-    script_args: Optional[str] = typer.Option(
-        None,
-        "--script-args",
-        help="With --from-verl: the arguments the launch script is run with, as one string "
-        "(e.g. '--model_name Qwen2.5-7B --max_response_length 8192'): its $1 $2 ... and its own argument loop.",
-    ),
-    trials: int = typer.Option(
-        0, "--trials", min=0, help=f"Optuna sampler trials before the local refinement (0 = {DEFAULT_TRIALS})."
-    ),
-    seed: int = typer.Option(0, "--seed", help="Sampler seed (same inputs + seed = same plan)."),
-    pin: list[str] = typer.Option(
-        [], "--pin", help=f"Fix a knob, KEY=VALUE (repeatable). Keys: {', '.join(KNOB_KEYS)}."
-    ),
-    json_out: bool = typer.Option(False, "--json", help="Print only the plan JSON on stdout."),
-    out: Optional[str] = typer.Option(
-        None, "--out", "-o", help="Write plan.json here (atomically; only when the plan fits)."
-    ),
-    emit: Optional[str] = typer.Option(None, "--emit", help="Also print the run configuration for 'verl' or 'trl'."),
-    calibration: Optional[str] = typer.Option(
-        None,
-        "--calibration",
-        help="Calibration file (grpo-tune's calibration.json) whose measured constants the estimate uses. "
-        "Default: $GRPO_PILOT_CALIBRATION_DIR/<GPU>.json (~/.cache/grpo-pilot/calibration) when present.",
-    ),
-    no_calibration: bool = typer.Option(
-        False, "--no-calibration", help="Analytic constants only: ignore the default calibration file."
-    ),
-    plot: Optional[str] = typer.Option(
-        None, "--plot", help="Write a PNG of memory per phase (stacked items) against usable memory (matplotlib)."
-    ),
-    list_models_flag: bool = typer.Option(False, "--list-models", help="List bundled models and exit."),
-    lora_rank: Optional[int] = typer.Option(
-        None, "--lora-rank", min=1, help="Train LoRA adapters of rank R on a frozen base (grpo-run: peft)."
-    ),
-    lora_alpha: Optional[float] = typer.Option(None, "--lora-alpha", min=0, help="LoRA alpha (peft default 8)."),
-    lora_targets: str = typer.Option(
-        "all-linear", "--lora-targets", help="Adapted modules: all-linear (every linear but the head) or q_proj,v_proj."
-    ),
-    quantize_base: Optional[str] = typer.Option(
-        None, "--quantize-base", help="With --lora-rank: load the base 4bit (NF4, QLoRA) or 8bit (bitsandbytes, CUDA)."
-    ),
-    verify: bool = typer.Option(
-        False,
-        "--verify",
-        help="Also trace the plan's update and log-prob phases through the engine's own actor on fake tensors "
-        "(no GPU, seconds) and print traced vs analytic bytes per item (needs the engine extra).",
-    ),
-) -> None:
-    console = Console(soft_wrap=False, width=None)
-    if list_models_flag:
-        list_models(console)
-        return
-    if target is not None and target not in TARGETS:
-        raise InputError(f"Unknown --target '{target}'.", f"Choose one of: {', '.join(TARGETS)}.")
-    if from_verl and from_trl:
-        raise InputError("--from-verl and --from-trl both name the configuration.", "Use one of them.")
-    launch = from_verl or from_trl
-    if out:
-        check_plan_out(out)  # before any work: a directory, a device or a foreign file is refused now
-    if emit is not None and emit not in EMITS:
-        raise InputError(f"Unknown --emit '{emit}'.", f"Choose one of: {', '.join(EMITS)}.")
-    if emit and json_out:
-        raise InputError(
-            "--emit and --json both want stdout.", "Use --json --out plan.json, then run again with --emit."
-        )
-    if script_args is not None and not from_verl:
-        raise InputError("--script-args applies to a --from-verl launch script.", "Add --from-verl SCRIPT.")
-    if override and not (from_verl or from_trl):
-        raise InputError("--override applies to a --from-verl or --from-trl file.", "Use --pin KEY=VALUE for knobs.")
-    for flag, value in (("--algorithm", algorithm), ("--compare", compare)):
-        if value is not None and value not in ALGORITHMS:
-            raise InputError(f"Unknown {flag} '{value}'.", f"Choose one of: {', '.join(ALGORITHMS)}.")
-    if compare is not None and (launch or json_out or compare == (algorithm or "grpo")):
-        raise InputError(
-            "--compare plans the other algorithm beside --algorithm from --model/--gpus; it prints tables only.",
-            "Drop --from-verl/--from-trl and --json, and compare grpo with ppo.",
-        )
-    if verify:
-        from grpo_pilot.cli.plan_verify import require_engine
+@dataclass(frozen=True)
+class Planned:
+    """What the flow hands to the output stage: the plan, the knobs the user fixed, and notes for the table."""
 
-        require_engine()
-    length_values = length_fields(
-        prompt_len=prompt_len,
-        response_len=response_len,
-        prompt_len_mean=prompt_len_mean,
-        response_len_mean=response_len_mean,
-        prompt_len_std=prompt_len_std,
-        response_len_std=response_len_std,
-        lengths=lengths,
-        lengths_from=lengths_from,
-        tokenizer=tokenizer,
+    plan: Plan
+    pins: dict[str, Any]
+    notes: list[str]
+    compared: Plan | None = None  # --compare: the other algorithm's plan
+
+
+def _plan_launch(args: PlanArgs, lengths: dict[str, Any], host_bytes: int | None) -> Planned:
+    """A verl / TRL launch evaluated as given (`--pin` on top sets what its file cannot say)."""
+    model, cluster, workload, knobs, notes, launch_target, hf_overrides = _launch(args, host_bytes, lengths)
+    if args.pin:
+        knobs = Knobs(**{**knobs.model_dump(), **parse_pins(args.pin)})
+    inputs = _inputs(model, cluster, workload, args.target or launch_target, args.headroom_gib)
+    inputs, model_notes = _with_hf_overrides(inputs, hf_overrides)
+    inputs, note = _calibrate(inputs, args)
+    plan, changes = _evaluate_launch(inputs, knobs, args.trials, args.seed)
+    notes += model_notes + ([note] if note else []) + changes
+    return Planned(plan, {k: getattr(knobs, k) for k in KNOB_KEYS}, notes)
+
+
+def _plan_search(args: PlanArgs, lengths: dict[str, Any], host_bytes: int | None) -> Planned:
+    """The knobs searched (or evaluated, when all are pinned) for the flags' model, cluster and workload."""
+    from grpo_pilot.planner.make_plan import make_plan
+
+    assert args.model and args.gpus  # RULES
+    pins = parse_pins(args.pin)
+    workload = make_workload(
+        prompts_per_step=args.prompts_per_step or 1024,
+        mini_batch_prompts=args.mini_batch or 256,
+        n=args.n or 5,
+        use_kl_loss=True if args.kl is None else args.kl,
+        adapter=_flag_adapter(args),
+        algorithm=args.algorithm or "grpo",
+        **lengths,
     )
-    host_bytes = parse_size_bytes(host_ram) if host_ram else None
-    notes: list[str] = []
-    adapter = _flag_adapter(lora_rank, lora_alpha, lora_targets, quantize_base, launch=bool(launch))
-    if launch:
-        values = (prompts_per_step, mini_batch, n, kl, prompt_len, response_len, algorithm)
-        given = [flag for flag, value in zip(_LAUNCH_SETS + ("--algorithm",), values) if value is not None]
-        if given:
-            raise InputError(
-                f"{', '.join(given)} conflict with the launch file, which sets them.",
-                "Change the file, or pass --override; lengths' means and spreads may be given, and --pin sets "
-                "what a launch file cannot say (e.g. vllm_engine, vllm_memory).",
-            )
-        model_name, cluster, workload, knobs, notes, launch_target, hf_overrides = _launch(
-            from_verl, from_trl, override, model, gpus, host_bytes, length_values, script_args=script_args
+    # --emit verl plans for verl's memory behaviour; PPO and --compare for verl, the executor running both
+    target = args.target or args.emit or ("verl" if (args.compare or args.algorithm == "ppo") else "grpo-pilot")
+    check_executor_pins(target, pins)
+    inputs = _inputs(args.model, _cluster(args.gpus, host_bytes), workload, target, args.headroom_gib)
+    inputs, note = _calibrate(inputs, args)
+    plan = make_plan(inputs, pins=pins, trials=args.trials, seed=args.seed)
+    if not plan.fits:
+        check_pins(inputs, pins)
+    notes = [note] if note else []
+    if workload.adapter is not None and not adapters_modelled(plan):
+        notes.append(
+            f"adapters ({workload.adapter.describe()}) are carried in plan.json for grpo-run, but this estimate is "
+            "full fine-tuning's: grpo-plan does not model adapter memory or time yet"
         )
-        if pin:  # on top of the launch: what its file cannot express (the vLLM version's behaviour, ...)
-            knobs = Knobs(**{**knobs.model_dump(), **parse_pins(pin)})
-        inputs = _inputs(model_name, cluster, workload, target or launch_target, headroom_gib)
-        inputs, model_notes = _with_hf_overrides(inputs, hf_overrides)
-        notes += model_notes
-        inputs, note = _calibrate(inputs, calibration, no_calibration)
-        notes += [note] if note else []
-        plan, changes = _evaluate_launch(inputs, knobs, trials or DEFAULT_TRIALS, seed)
-        notes += changes
-        pins = {k: getattr(knobs, k) for k in KNOB_KEYS}
-    else:
-        if not model or not gpus:
-            missing = " and ".join(f for f, v in (("--model", model), ("--gpus", gpus)) if not v)
-            raise InputError(
-                f"{missing} {'is' if ' and ' not in missing else 'are'} required.",
-                "Example: grpo-plan --model qwen-32b --gpus 8xA100-80G (see --list-models, --help).",
-            )
-        # --emit verl plans for verl's memory behaviour; PPO and --compare for verl, the executor running both
-        chosen_target = target or emit or ("verl" if (compare or algorithm == "ppo") else "grpo-pilot")
-        pins = parse_pins(pin)
-        workload = make_workload(
-            prompts_per_step=prompts_per_step or 1024,
-            mini_batch_prompts=mini_batch or 256,
-            n=n or 5,
-            use_kl_loss=True if kl is None else kl,
-            adapter=adapter,
-            algorithm=algorithm or "grpo",
-            **length_values,
-        )
-        from grpo_pilot.planner.make_plan import make_plan
+    compared = None
+    if args.compare:
+        other = inputs.model_copy(update={"workload": workload.model_copy(update={"algorithm": args.compare})})
+        compared = make_plan(other, pins=pins, trials=args.trials, seed=args.seed)
+    return Planned(plan, pins, notes, compared)
 
-        inputs = _inputs(model, _cluster(gpus, host_bytes), workload, chosen_target, headroom_gib)
-        inputs, note = _calibrate(inputs, calibration, no_calibration)
-        notes += [note] if note else []
-        plan = make_plan(inputs, pins=pins, trials=trials or DEFAULT_TRIALS, seed=seed)
-        if not plan.fits:
-            check_pins(inputs, pins)
-        if adapter is not None and not adapters_modelled(plan):
-            notes.append(
-                f"adapters ({adapter.describe()}) are carried in plan.json for grpo-run, but this estimate is full "
-                "fine-tuning's: grpo-plan does not model adapter memory or time yet"
-            )
-        if compare:
-            other = inputs.model_copy(update={"workload": workload.model_copy(update={"algorithm": compare})})
-            compared = make_plan(other, pins=pins, trials=trials or DEFAULT_TRIALS, seed=seed)
+
+def _length_values(args: PlanArgs) -> dict[str, Any]:
+    return length_fields(
+        prompt_len=args.prompt_len,
+        response_len=args.response_len,
+        prompt_len_mean=args.prompt_len_mean,
+        response_len_mean=args.response_len_mean,
+        prompt_len_std=args.prompt_len_std,
+        response_len_std=args.response_len_std,
+        lengths=args.lengths,
+        lengths_from=args.lengths_from,
+        tokenizer=args.tokenizer,
+    )
+
+
+def _show(args: PlanArgs, planned: Planned) -> None:
+    """stdout: the plan JSON (--json), the export (--emit) or the tables; then the plot, the plan file, the verdict.
+    With --emit everything but the export goes to stderr, so `grpo-plan ... --emit verl > launch.sh` is a script."""
+    plan = planned.plan
     report = None
-    if verify:
+    if args.verify:
         from grpo_pilot.cli.plan_verify import verify as verify_plan
 
         report = verify_plan(plan)
-    if json_out:
-        if report is None:
-            typer.echo(plan.to_json(), nl=False)
-        else:
-            from grpo_pilot.cli.plan_verify import plan_json_with_verify
-
-            typer.echo(plan_json_with_verify(plan.to_json(), report), nl=False)
+    human = console(stderr=bool(args.emit))
+    if args.json_out:
+        _print_json(plan, report)
     else:
-        render(plan, console, pins, notes)
-        if compare:
+        render(plan, human, planned.pins, planned.notes)
+        if planned.compared is not None:
             from grpo_pilot.cli.plan_compare import render_compare
 
-            render_compare(plan, compared, console)
+            render_compare(plan, planned.compared, human)
         if report is not None:
             from grpo_pilot.cli.plan_verify import render_verify
 
-            render_verify(report, console)
-    if plot:
+            render_verify(report, human)
+    if args.plot:
         from grpo_pilot.memory_plot import write_memory_plot
 
-        written = write_memory_plot(plan, plot)
-        if not json_out:
-            console.print(f"memory plot written to {written}")
+        written = write_memory_plot(plan, args.plot)
+        if not args.json_out:
+            human.print(f"memory plot written to {written}")
     if not plan.fits:
-        raise _infeasible(plan, written=bool(out))
-    if out:
-        path = save_plan(plan, out)
-        if not json_out:
-            console.print(f"plan written to {path}")
-    if emit:
+        raise _infeasible(plan, written=bool(args.out))
+    if args.out:
+        path = save_plan(plan, args.out)
+        if not args.json_out:
+            human.print(f"plan written to {path}")
+    if args.emit:
         from grpo_pilot.planner.export import trl_config_text, verl_command
 
-        typer.echo(verl_command(plan) if emit == "verl" else trl_config_text(plan), nl=False)
+        typer.echo(verl_command(plan) if args.emit == "verl" else trl_config_text(plan), nl=False)
+
+
+def _print_json(plan: Plan, report: Any) -> None:
+    if report is None:
+        typer.echo(plan.to_json(), nl=False)
+        return
+    from grpo_pilot.cli.plan_verify import plan_json_with_verify
+
+    typer.echo(plan_json_with_verify(plan.to_json(), report), nl=False)
+
+
+@command(app, PlanArgs)
+def main(args: PlanArgs) -> None:
+    """Plan a GRPO run: per-GPU memory by phase, step time, and the knobs that fit."""
+    if args.list_models:
+        list_models(console())
+        return
+    check_rules(args, RULES)
+    if args.out:
+        check_plan_out(args.out)  # before any work: a directory, a device or a foreign file is refused now
+    if args.verify:
+        from grpo_pilot.cli.plan_verify import require_engine
+
+        require_engine()
+    lengths = _length_values(args)
+    host_bytes = parse_size_bytes(args.host_ram) if args.host_ram else None
+    planned = _plan_launch(args, lengths, host_bytes) if args.launch else _plan_search(args, lengths, host_bytes)
+    _show(args, planned)

@@ -66,11 +66,8 @@ def length_fields(
     lengths_from: str | None,
     tokenizer: str | None,
 ) -> dict[str, Any]:
-    """Workload length fields from the flags (explicit flags win over what a file says)."""
-    if lengths and lengths_from:
-        raise InputError("--lengths and --lengths-from both set the lengths.", "Use one of them.")
-    if lengths_from and not tokenizer:
-        raise InputError("--lengths-from needs --tokenizer DIR to count tokens.", "Add --tokenizer path/to/model.")
+    """Workload length fields from the flags (explicit flags win over what a file says; which of --lengths and
+    --lengths-from may be given together is `plan_flags.RULES`')."""
     out: dict[str, Any] = {}
     if lengths:
         out = workload_fields(read_lengths_jsonl(lengths), prompt_len, response_len, Path(lengths).name)

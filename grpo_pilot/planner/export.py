@@ -226,7 +226,7 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
     if train_gpus > 1:  # one training process has nothing to shard
         settings["fsdp"] = True
         settings["fsdp_config"] = trl_fsdp_config(k)
-        if k.gradient_checkpointing:  # FSDP's own activation checkpointing; both on is an error in transformers
+        if k.gradient_checkpointing:  # FSDP's own checkpointing replaces it (_trl_comment)
             settings["gradient_checkpointing"] = False
     notes = (
         []
@@ -274,6 +274,15 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
     return settings, tuple(notes)
 
 
+def _trl_comment(key: str, settings: dict[str, Any]) -> str:
+    """An end-of-line comment where a setting would read as contradicting another one."""
+    if key == "gradient_checkpointing" and settings.get("fsdp_config", {}).get("activation_checkpointing"):
+        # GRPOConfig defaults it to True (trl 1.16 trainer/base_config.py); transformers >= 5 warns that both on
+        # adds a redundant all-gather (training_args.py, transformers#30404): FSDP's own checkpointing replaces it
+        return "  # the plan's checkpointing is fsdp_config['activation_checkpointing'] (FSDP's own), not this"
+    return ""
+
+
 def trl_config_text(plan: Plan) -> str:
     """Python source building the `GRPOConfig`, with notes as comments."""
     settings, notes = trl_settings(plan)
@@ -283,7 +292,7 @@ def trl_config_text(plan: Plan) -> str:
     ]
     head += [f"# note: {n}" for n in notes + tuple(trl_family_notes(plan.workload, plan.knobs))]
     body = ["from trl import GRPOConfig", "", "config = GRPOConfig("]
-    body += [f"    {key}={value!r}," for key, value in settings.items()]
+    body += [f"    {key}={value!r},{_trl_comment(key, settings)}" for key, value in settings.items()]
     body += ['    output_dir="grpo-output",', ")"]
     peft = trl_peft_lines(plan.workload.adapter)
     if peft:
