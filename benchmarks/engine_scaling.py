@@ -89,7 +89,7 @@ def measure(plan: Any, out: Path, *, steps: int, warmup: int, seed: int) -> list
         checkpoint_every=0,
         seed=seed,
     )
-    run(plan, cfg, quiet=True)
+    run(plan, cfg)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return rows[warmup:]
 

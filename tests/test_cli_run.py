@@ -121,6 +121,59 @@ def test_good_run_prints_measured_vs_predicted(tmp_path):
     assert profile["steps_run"] == 2
     saved = json.loads((tmp_path / "run" / "run_config.json").read_text())
     assert saved["steps"] == 2 and saved["lr"] == 2e-3  # flag beat the file; the file gave lr
+    # off a terminal (CliRunner's streams are not one): one plain line per step on stderr, in step order
+    lines = [line for line in result.stderr.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/2", "2/2"], result.stderr
+    assert all("reward" in line and "tokens/s" in line and "phases: " in line for line in lines)
+    quiet = invoke(PLAN, "--config", "examples/tiny/run.toml", "--steps", "1", "--out", str(tmp_path / "q"), "-q")
+    assert quiet.exit_code == 0 and quiet.stdout == "" and quiet.stderr == ""
+
+
+def _record(step: int) -> dict:
+    return {
+        "step": step,
+        "reward_mean": 0.5,
+        "reward_std": 0.1,
+        "loss": 0.01,
+        "tokens_per_s": 1234.0,
+        "step_s": 0.5,
+        "phase_s": {"rollout": 0.2, "update": 0.3},
+    }
+
+
+def test_display_writes_each_step_as_it_ends_off_a_terminal():
+    """A run launched with its output in a file shows progress while it goes, not only at the end."""
+    import io
+
+    from rich.console import Console
+
+    from grpo_pilot.cli.run_display import RunDisplay
+
+    stream = io.StringIO()
+    with RunDisplay(Console(file=stream, width=200)) as display:
+        display.begin(2, 5)
+        display.step_finished(_record(3))
+        assert stream.getvalue().splitlines() == [
+            "step 3/5  reward 0.500 ± 0.100  loss 0.0100  kl —  entropy —  resp len —  tokens/s 1234  step s 0.50  "
+            "phases: rollout 0.20s  update 0.30s"
+        ]
+        display.note("metrics.jsonl was cut back to step 2")
+        assert stream.getvalue().splitlines()[-1] == "note: metrics.jsonl was cut back to step 2"
+
+
+def test_display_on_a_terminal_is_live_not_lines():
+    import io
+
+    from rich.console import Console
+
+    from grpo_pilot.cli.run_display import RunDisplay
+
+    stream = io.StringIO()
+    with RunDisplay(Console(file=stream, width=120, force_terminal=True)) as display:
+        display.begin(0, 2)
+        display.step_finished(_record(1))
+        assert display.live_view
+    assert "step 1/2" not in stream.getvalue() and "GRPO" in stream.getvalue()
 
 
 def test_no_checkpoint_flag_writes_no_checkpoint(tmp_path):

@@ -11,7 +11,7 @@ One step (`grpo_step`, read it top to bottom; `eng.group` fans the model work ou
      on-policy: the update detaches its own log-probs) and the reference (only with a KL loss);
   6. update        — mini-batches × epochs, each one AdamW step over token-budget micro-batches,
      each mini-batch split over the training ranks;
-  7. metrics       — metrics.jsonl, lengths.jsonl, the live display, and a checkpoint every N steps.
+  7. metrics       — metrics.jsonl, lengths.jsonl, the progress events, and a checkpoint every N steps.
 
 `run` itself: the run directory (engine/run_dir.py), start or resume, the loop, failure.json on a
 failure (engine/failures.py), then profile.json with the plan-mismatch notes (engine/notes.py).
@@ -37,8 +37,6 @@ from grpo_pilot.engine.actor import Sample
 from grpo_pilot.engine.algos.advantages import compute_advantages
 from grpo_pilot.engine.algos.dapo import overlong_penalty, zero_variance_groups
 from grpo_pilot.engine.assemble import Engine, build_engine
-from rich.console import Console
-
 from grpo_pilot.engine.checkpoint import (
     DAMAGED_HINT,
     Checkpoint,
@@ -50,7 +48,7 @@ from grpo_pilot.engine.checkpoint import (
 from grpo_pilot.engine.device_memory import allocator_report
 from grpo_pilot.engine.failures import CrashError, Interrupted, failure_record
 from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
-from grpo_pilot.engine.metrics import LiveDisplay
+from grpo_pilot.engine.events import NoEvents, RunEvents
 from grpo_pilot.engine.notes import adapter_notes, run_notes
 from grpo_pilot.planner.adapters import adapters_modelled
 from grpo_pilot.engine.profiling import (
@@ -288,19 +286,19 @@ def run(
     config: RunConfig,
     *,
     plan_path: str | Path | None = None,
-    quiet: bool = False,
-    console: Any = None,
+    events: RunEvents | None = None,
     address: str | None = None,
 ) -> RunResult:
     """Execute `plan` with `config`; writes metrics.jsonl, lengths.jsonl, checkpoints and profile.json under
-    output_dir, and failure.json when the run fails. `address`: a Ray cluster to join ("auto", "HOST:PORT");
-    None starts a local one when the plan has several workers."""
+    output_dir, and failure.json when the run fails. `events` hears the progress (engine/events.py; default:
+    nothing is shown). `address`: a Ray cluster to join ("auto", "HOST:PORT"); None starts a local one when
+    the plan has several workers."""
     check_run_target(config.output_dir)
     created = prepare_output_dir(config.output_dir, flag="--out", what="run directory")
     lock = DirectoryLock(config.output_dir, "grpo-run").acquire()  # a second run on this --out is refused
     previous = _catch_termination()
     try:
-        return _run_locked(plan, config, plan_path=plan_path, quiet=quiet, console=console, address=address)
+        return _run_locked(plan, config, plan_path=plan_path, events=events or NoEvents(), address=address)
     except InputError:
         if created:
             discard_created_dir(config.output_dir)  # refused before anything was written: leave no trace
@@ -348,7 +346,7 @@ def _restore_termination(previous: Any) -> None:
 
 
 def _run_locked(
-    plan: Plan, config: RunConfig, *, plan_path: str | Path | None, quiet: bool, console: Any, address: str | None
+    plan: Plan, config: RunConfig, *, plan_path: str | Path | None, events: RunEvents, address: str | None
 ) -> RunResult:
     """`run` once its output directory is locked."""
     rd = RunDirectory(config.output_dir)
@@ -394,24 +392,24 @@ def _run_locked(
             start_step = ckpt.step
         if config.resume:
             for note in rd.rewind(ckpt.state if ckpt is not None else None, start_step):
-                (console or Console(stderr=True)).print(f"note: {note}", markup=False, highlight=False)
+                events.note(note)
         rd.write_json("run_config.json", config.model_dump_json(indent=2) + "\n")
         phase = None
-        with LiveDisplay(config.steps, start_step=start_step, console=console, quiet=quiet) as live:
-            for step in range(start_step + 1, config.steps + 1):
-                result = grpo_step(eng, step)
-                rd.lengths.append_many(result.lengths)
-                size = rd.metrics.append(result.record)
-                live.update(result.record)
-                done.append(result)
-                if checkpoint_due(config, step):
-                    state = {
-                        "sampler": eng.sampler.state_dict(),
-                        "config_hash": config_hash,
-                        "metrics_bytes": size,
-                        "lengths_bytes": rd.lengths.size(),
-                    }
-                    _checkpoint(eng, rd, step, state)
+        events.begin(start_step, config.steps)
+        for step in range(start_step + 1, config.steps + 1):
+            result = grpo_step(eng, step)
+            rd.lengths.append_many(result.lengths)
+            size = rd.metrics.append(result.record)
+            events.step_finished(result.record)
+            done.append(result)
+            if checkpoint_due(config, step):
+                state = {
+                    "sampler": eng.sampler.state_dict(),
+                    "config_hash": config_hash,
+                    "metrics_bytes": size,
+                    "lengths_bytes": rd.lengths.size(),
+                }
+                _checkpoint(eng, rd, step, state)
         shared = eng.group.shared_forwards()
     except InputError:
         raise

@@ -32,7 +32,7 @@ def test_mean_reward_of_last_10_steps_is_clearly_above_first_10(tmp_path, seed):
         cpu_memory="rss",
         checkpoint_every=0,
     )
-    run(load_plan("examples/tiny/plan.json"), cfg, quiet=True)
+    run(load_plan("examples/tiny/plan.json"), cfg)
     rewards = [json.loads(line)["reward_mean"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rewards) == 30
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10

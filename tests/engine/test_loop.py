@@ -43,7 +43,7 @@ def read_metrics(tmp_path) -> list[dict]:
 
 
 def test_run_writes_metrics_profile_and_final_checkpoint(tmp_path):
-    result = run(tiny_plan(), config(tmp_path, cpu_memory="tensors", loss_agg_mode="seq-mean-token-mean"), quiet=True)
+    result = run(tiny_plan(), config(tmp_path, cpu_memory="tensors", loss_agg_mode="seq-mean-token-mean"))
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3] and result.last_step == 3
     plan = load_plan(PLAN)
@@ -89,7 +89,7 @@ def test_run_writes_metrics_profile_and_final_checkpoint(tmp_path):
 
 def test_minibatches_epochs_and_kl_use_old_and_reference_logprobs(tmp_path):
     plan = tiny_plan(use_kl_loss=True, mini_batch_prompts=4, ppo_epochs=2)
-    run(plan, config(tmp_path, steps=2), quiet=True)
+    run(plan, config(tmp_path, steps=2))
     rows = read_metrics(tmp_path)
     for r in rows:
         assert r["num_updates"] == 4  # 2 mini-batches x 2 epochs
@@ -110,7 +110,6 @@ def test_dapo_dynamic_sampling_drops_and_refills_groups(tmp_path):
     run(
         tiny_plan(),
         config(tmp_path, steps=2, reward=f"{fn}:score", dynamic_sampling=True, max_refill_rounds=3),
-        quiet=True,
     )
     per_step = load_plan(PLAN).workload.prompts_per_step
     for r in read_metrics(tmp_path):
@@ -123,7 +122,6 @@ def test_every_group_dropped_skips_the_update(tmp_path):
     run(
         tiny_plan(),
         config(tmp_path, steps=1, reward="format:pattern=^NEVER$", dynamic_sampling=True, max_refill_rounds=1),
-        quiet=True,
     )
     (r,) = read_metrics(tmp_path)
     assert r["num_groups"] == 0 and r["num_updates"] == 0 and r["rollout_rounds"] == 2 and r["dropped_groups"] == 16
@@ -153,25 +151,25 @@ def test_sampling_seed_differs_per_step_and_round():
 )
 def test_bad_settings_stop_before_training(tmp_path, workload, settings, match):
     with pytest.raises(InputError, match=match):
-        run(tiny_plan(**workload), config(tmp_path, **settings), quiet=True)
+        run(tiny_plan(**workload), config(tmp_path, **settings))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_existing_run_needs_resume(tmp_path):
-    run(tiny_plan(), config(tmp_path, steps=1), quiet=True)
+    run(tiny_plan(), config(tmp_path, steps=1))
     with pytest.raises(InputError, match="already holds a run"):
-        run(tiny_plan(), config(tmp_path, steps=2), quiet=True)
-    res = run(tiny_plan(), config(tmp_path, steps=2, resume=True), quiet=True)
+        run(tiny_plan(), config(tmp_path, steps=2))
+    res = run(tiny_plan(), config(tmp_path, steps=2, resume=True))
     assert (res.start_step, res.last_step) == (1, 2)
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
     with pytest.raises(InputError, match="different plan or run config"):
-        run(tiny_plan(), config(tmp_path, steps=3, resume=True, lr=1e-2), quiet=True)
+        run(tiny_plan(), config(tmp_path, steps=3, resume=True, lr=1e-2))
 
 
 @pytest.mark.vllm
 def test_vllm_backend_runs_steps_and_counts_its_kv_cache(tmp_path):
     pytest.importorskip("vllm")
-    run(tiny_plan(), config(tmp_path, steps=2, rollout_backend="vllm", cpu_memory="tensors"), quiet=True)
+    run(tiny_plan(), config(tmp_path, steps=2, rollout_backend="vllm", cpu_memory="tensors"))
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward_mean"] <= 1.0 and r["phase_s"]["weight_sync"] > 0 for r in rows)
@@ -183,10 +181,10 @@ def test_vllm_backend_runs_steps_and_counts_its_kv_cache(tmp_path):
 
 def test_profile_notes_a_plan_that_predicts_a_different_old_logprob_pass(tmp_path):
     # one on-policy update: the engine skips the old-policy pass, as the grpo-pilot plan predicts; a verl plan counts it
-    ours = run(tiny_plan(), config(tmp_path / "ours", steps=2), quiet=True).profile.notes
+    ours = run(tiny_plan(), config(tmp_path / "ours", steps=2)).profile.notes
     # a plan made for verl: its recorded execution facts (execution.py) say an old-policy pass runs
     verl_plan = Plan.model_validate({**tiny_plan().model_dump(), "target": "verl", "execution": None})
-    verl = run(verl_plan, config(tmp_path / "verl", steps=2), quiet=True).profile.notes
+    verl = run(verl_plan, config(tmp_path / "verl", steps=2)).profile.notes
     assert not any(note.startswith("log_prob:") for note in ours)
     assert any(
         note.startswith("log_prob: this run skips the old-policy pass") and "target verl" in note for note in verl
@@ -197,7 +195,7 @@ def test_memory_cap_is_an_out_of_memory_failure_with_its_place(tmp_path):
     from grpo_pilot.engine.failures import OutOfMemoryRunError
 
     with pytest.raises(OutOfMemoryRunError) as info:
-        run(tiny_plan(), config(tmp_path, memory_cap_bytes=1 << 20), quiet=True)  # 1 MiB: not even the model fits
+        run(tiny_plan(), config(tmp_path, memory_cap_bytes=1 << 20))  # 1 MiB: not even the model fits
     failure = json.loads((tmp_path / "run" / "failure.json").read_text())
     assert failure == {
         "kind": "oom",
@@ -221,7 +219,7 @@ def test_a_failing_reward_and_a_driver_bug_leave_failure_json(tmp_path, monkeypa
         "    return 0.0\n"
     )
     with pytest.raises(RunError, match="raised AssertionError"):
-        run(tiny_plan(), config(tmp_path, steps=3, reward=f"{fn}:score"), quiet=True)
+        run(tiny_plan(), config(tmp_path, steps=3, reward=f"{fn}:score"))
     failure = json.loads((tmp_path / "run" / "failure.json").read_text())
     assert (failure["kind"], failure["worker"], failure["phase"], failure["step"]) == ("crash", None, "reward", 2)
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
@@ -231,11 +229,11 @@ def test_a_failing_reward_and_a_driver_bug_leave_failure_json(tmp_path, monkeypa
 
     monkeypatch.setattr(loop_module, "compute_advantages", broken)
     with pytest.raises(CrashError, match="ValueError: a bug in the driver"):
-        run(tiny_plan(), config(tmp_path / "other", steps=1), quiet=True)
+        run(tiny_plan(), config(tmp_path / "other", steps=1))
     failure = json.loads((tmp_path / "other" / "run" / "failure.json").read_text())
     assert (failure["kind"], failure["step"]) == ("crash", 1)
     monkeypatch.undo()
-    run(tiny_plan(), config(tmp_path / "other", steps=1, resume=True), quiet=True)  # a good start clears it
+    run(tiny_plan(), config(tmp_path / "other", steps=1, resume=True))  # a good start clears it
     assert not (tmp_path / "other" / "run" / "failure.json").exists()
 
 
@@ -246,10 +244,10 @@ def test_offload_on_one_worker_checkpoints_resumes_and_leaves_no_process_group(t
     plan = plan.model_copy(
         update={"knobs": plan.knobs.model_copy(update={"param_offload": True, "optimizer_offload": True})}
     )
-    run(plan, config(tmp_path / "a", steps=2, checkpoint_every=2), quiet=True)
+    run(plan, config(tmp_path / "a", steps=2, checkpoint_every=2))
     assert not dist.is_initialized()  # the private one-process FSDP2 group is gone with the run
-    run(plan, config(tmp_path / "a", steps=4, checkpoint_every=2, resume=True), quiet=True)
-    plain = run(tiny_plan(), config(tmp_path / "b", steps=4, checkpoint_every=2), quiet=True)
+    run(plan, config(tmp_path / "a", steps=4, checkpoint_every=2, resume=True))
+    plain = run(tiny_plan(), config(tmp_path / "b", steps=4, checkpoint_every=2))
     got, want = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
     assert [r["grad_norm"] for r in got] == pytest.approx([r["grad_norm"] for r in want], rel=1e-5)
     assert [r["reward_mean"] for r in got] == [r["reward_mean"] for r in want]
@@ -270,8 +268,8 @@ def test_notes_say_when_the_run_offloads_more_than_the_plan():
 def test_static_decode_runs_the_same_steps_as_the_eager_one(tmp_path):
     # hf_decode = static through the whole engine (weight sync's wake, rollout, sleep): the same completions, so
     # the same rewards and lengths, step after step
-    eager = run(tiny_plan(), config(tmp_path / "e", steps=2, hf_decode="eager", checkpoint=False), quiet=True)
-    static = run(tiny_plan(), config(tmp_path / "s", steps=2, hf_decode="static", checkpoint=False), quiet=True)
+    eager = run(tiny_plan(), config(tmp_path / "e", steps=2, hf_decode="eager", checkpoint=False))
+    static = run(tiny_plan(), config(tmp_path / "s", steps=2, hf_decode="static", checkpoint=False))
     assert eager.last_record is not None and static.last_record is not None
     for key in ("reward_mean", "response_len_mean", "response_len_max", "trained_tokens"):
         assert static.last_record[key] == eager.last_record[key], key

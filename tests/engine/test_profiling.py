@@ -82,7 +82,7 @@ def _render(table) -> str:
 def test_memory_of_another_rollout_backend_is_not_compared():
     """An hf plan run with --backend vllm: vLLM's reserved KV cache against the hf plan's items would read
     '+19429 %'; the profile keeps the measured peaks and says why nothing is compared."""
-    from grpo_pilot.engine.metrics import summary_table
+    from grpo_pilot.cli.run_render import summary_table
 
     plan = load_plan("examples/tiny/plan.json")
     assert plan.knobs.rollout_backend == "hf"
@@ -110,7 +110,7 @@ def test_memory_of_another_rollout_backend_is_not_compared():
 def test_cuda_profile_compares_the_device_footprint_with_the_plans_total():
     from rich.console import Console
 
-    from grpo_pilot.engine.metrics import summary_table
+    from grpo_pilot.cli.run_render import summary_table
 
     plan = load_plan("examples/tiny/plan.json")
     total = plan.phases["update"].total_bytes

@@ -72,7 +72,7 @@ def test_killed_run_resumes_without_losing_or_repeating_data(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
 
     reference = tmp_path / "reference"
-    run(load_plan("examples/tiny/plan.json"), RunConfig(output_dir=str(reference), **SETTINGS), quiet=True)
+    run(load_plan("examples/tiny/plan.json"), RunConfig(output_dir=str(reference), **SETTINGS))
 
     got, want = lines(metrics), lines(reference / "metrics.jsonl")
     assert [r["step"] for r in got] == list(range(1, STEPS + 1)) == [r["step"] for r in want]

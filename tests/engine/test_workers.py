@@ -50,7 +50,7 @@ def lines(path: Path) -> list[dict]:
 
 def test_colocated_two_workers_run_the_tiny_example(tmp_path):
     out = tmp_path / "run"
-    result = run(load_plan(COLOCATED), RunConfig(output_dir=str(out), steps=3, **SETTINGS), quiet=True)
+    result = run(load_plan(COLOCATED), RunConfig(output_dir=str(out), steps=3, **SETTINGS))
     rows = lines(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3] and result.last_step == 3
     assert all(0.0 <= r["reward_mean"] <= 1.0 and r["grad_norm"] > 0 and r["num_updates"] == 1 for r in rows)
@@ -71,7 +71,7 @@ def test_colocated_two_workers_run_the_tiny_example(tmp_path):
 
 def test_split_pools_one_rollout_and_one_training_worker(tmp_path):
     out = tmp_path / "run"
-    run(load_plan(SPLIT), RunConfig(output_dir=str(out), steps=3, **SETTINGS), quiet=True)
+    run(load_plan(SPLIT), RunConfig(output_dir=str(out), steps=3, **SETTINGS))
     rows = lines(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3] and all(r["grad_norm"] > 0 for r in rows)
     profile = json.loads((out / "profile.json").read_text())
@@ -239,18 +239,18 @@ def test_a_cluster_smaller_than_the_plan_is_refused_before_any_worker_starts(tmp
     plan = load_plan(COLOCATED)
     eight = plan.model_copy(update={"cluster": parse_cluster("8xcpu")})  # this module's cluster has 4 CPUs
     with pytest.raises(InputError, match=r"has 4 CPU\(s\); the plan needs 8 CPU workers"):
-        run(eight, RunConfig(output_dir=str(tmp_path / "run"), steps=1, **SETTINGS), quiet=True)
+        run(eight, RunConfig(output_dir=str(tmp_path / "run"), steps=1, **SETTINGS))
     assert not (tmp_path / "run" / "workers.json").exists() and ray.is_initialized()  # the shared session is kept
     gpus = plan.model_copy(update={"cluster": parse_cluster("2xH100")})  # a GPU plan needs a GPU per worker
     with pytest.raises(InputError, match=r"has 0 GPU\(s\); the plan needs 2"):
-        run(gpus, RunConfig(output_dir=str(tmp_path / "gpu"), steps=1, **SETTINGS), quiet=True)
+        run(gpus, RunConfig(output_dir=str(tmp_path / "gpu"), steps=1, **SETTINGS))
 
 
 def test_memory_cap_fails_with_the_worker_phase_and_step(tmp_path):
     out = tmp_path / "run"
     cfg = RunConfig(output_dir=str(out), steps=2, memory_cap_bytes=3 << 20, **SETTINGS)  # 3 MiB: the update needs more
     with pytest.raises(OutOfMemoryRunError) as info:
-        run(load_plan(COLOCATED), cfg, quiet=True)
+        run(load_plan(COLOCATED), cfg)
     failure = json.loads((out / "failure.json").read_text())
     assert failure["kind"] == "oom" and failure["step"] == 1
     assert failure["phase"] in ("weight_sync", "rollout", "update")
@@ -289,7 +289,7 @@ def test_killed_worker_stops_the_run_and_resume_matches_an_uninterrupted_run(tmp
 
     reference = tmp_path / "reference"
     cfg = RunConfig(output_dir=str(reference), **dict(SETTINGS, steps=6, seed=3, checkpoint_every=2, cpu_memory="rss"))
-    run(load_plan(COLOCATED), cfg, quiet=True)
+    run(load_plan(COLOCATED), cfg)
     got, want = lines(killed / "metrics.jsonl"), lines(reference / "metrics.jsonl")
     assert [r["step"] for r in got] == list(range(1, 7)) == [r["step"] for r in want]
     assert [r["prompt_indices"] for r in got] == [r["prompt_indices"] for r in want]
@@ -308,7 +308,7 @@ def test_vllm_rollout_on_two_colocated_workers(tmp_path, rollout_tp):
     plan = plan.model_copy(update={"knobs": plan.knobs.model_copy(update={"rollout_tp": rollout_tp})})
     out = tmp_path / "run"
     cfg = RunConfig(output_dir=str(out), steps=2, rollout_backend="vllm", **SETTINGS)
-    run(plan, cfg, quiet=True)
+    run(plan, cfg)
     rows = lines(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward_mean"] <= 1.0 and r["grad_norm"] > 0 and r["phase_s"]["weight_sync"] > 0 for r in rows)
