@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,7 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_pilot.cli.errors import handle_errors
+from grpo_pilot.cli.options import argument, command, console, flag
 from grpo_pilot.errors import InputError, RunError
 from grpo_pilot.outputs import DirectoryLock, discard_created_dir, prepare_output_dir
 
@@ -58,7 +58,7 @@ def _memory_cap(config: Path) -> int | None:
     return int(cap) if cap else None
 
 
-def _summary(records: list[Any], console: Console) -> None:
+def _summary(records: list[Any], out: Console) -> None:
     from grpo_pilot.tuner.display import knobs_text, rate, size
 
     by_status: dict[str, int] = {}
@@ -77,11 +77,11 @@ def _summary(records: list[Any], console: Console) -> None:
             size(r.measured_peak_bytes),
             size(r.predicted_peak_tensor_bytes),
         )
-    console.print(table)
+    out.print(table)
 
 
 def _calibrate_only(
-    base: Any, url: str, name: str, out: Path, quiet: bool, console: Console, sweep_adapter: bool = False
+    base: Any, url: str, name: str, out: Path, quiet: bool, err: Console, sweep_adapter: bool = False
 ) -> None:
     """Fit OUT/calibration.json from the study's measured trials (no trial runs, no engine needed)."""
     from grpo_pilot.tuner.report import write_calibration
@@ -93,7 +93,7 @@ def _calibrate_only(
             f"No study storage at {url}: nothing to calibrate from.",
             "Run grpo-tune with --config and --trials first, or give --storage/--out of an existing sweep.",
         )
-    the_study = open_study(url, name)
+    the_study = open_study(url, name, notify=lambda text: _note(err, text))
     mine = identity(base, build_space(base, sweep_adapter=sweep_adapter))
     if the_study.user_attrs.get("inputs_sha") not in (None, mine["inputs_sha"]):
         raise InputError(
@@ -103,114 +103,125 @@ def _calibrate_only(
     done = records(the_study)
     path, calibration = write_calibration(out, base, done, source=f"study '{name}' in {url}")
     if not quiet:
-        _print_calibration(calibration, path, Console(file=sys.stdout))
+        _print_calibration(calibration, path, console())
 
 
-def _print_calibration(calibration: Any, path: Any, console: Console) -> None:
+def _print_calibration(calibration: Any, path: Any, out: Console) -> None:
     e = calibration.fit_error
     table = Table(title=f"calibration '{calibration.name}' from {calibration.num_trials} measured trial(s)")
     for col in ("constant", "analytic", "fitted"):
         table.add_column(col, justify="left" if col == "constant" else "right")
     for v in calibration.fitted:
         table.add_row(v.name, f"{v.analytic:.4g}", f"{v.fitted:.4g}")
-    console.print(table)
+    out.print(table)
     for k in calibration.kept_analytic:
-        console.print(f"kept analytic: {k.name}: {k.reason}", highlight=False, markup=False, soft_wrap=True)
-    console.print(
+        out.print(f"kept analytic: {k.name}: {k.reason}", highlight=False, markup=False, soft_wrap=True)
+    out.print(
         f"error factor (geometric RMS, these trials): tokens/s {e.tokens_per_s_before:.2f}x -> "
         f"{e.tokens_per_s_after:.2f}x, phase times {e.phase_time_before:.2f}x -> {e.phase_time_after:.2f}x",
         highlight=False,
         markup=False,
         soft_wrap=True,
     )
-    console.print(f"calibration written to {path}", highlight=False, markup=False, soft_wrap=True)
+    out.print(f"calibration written to {path}", highlight=False, markup=False, soft_wrap=True)
 
 
-@app.command()
-@handle_errors
-def main(
-    plan: Path = typer.Argument(..., help="plan.json from grpo-plan: the model, cluster, workload and starting knobs."),
-    config: Optional[Path] = typer.Option(
+@dataclass(frozen=True)
+class TuneArgs:
+    """The arguments and flags of one `grpo-tune` command line."""
+
+    plan: Path = argument(help="plan.json from grpo-plan: the model, cluster, workload and starting knobs.")
+    config: Optional[Path] = flag(
         None, "--config", "-c", help="Run config every trial uses (as for grpo-run); not needed with --calibrate-only."
-    ),
-    trials: Optional[int] = typer.Option(
-        None, "--trials", min=1, help="Trials the study should hold (a rerun continues to N)."
-    ),
-    storage: Optional[str] = typer.Option(
-        None, help="Optuna storage URL (any SQLAlchemy URL); default sqlite:///OUT/study.db."
-    ),
-    study: str = typer.Option("grpo-tune", "--study", help="Study name in the storage."),
-    out: Path = typer.Option(Path("runs/tune"), "--out", "-o", help="Output directory (plan.json, trials.csv, ...)."),
-    steps_per_trial: int = typer.Option(3, min=3, help="GRPO steps per trial; the first is warm-up."),
-    trial_timeout: float = typer.Option(900.0, min=1.0, help="Seconds before a trial is killed (start-up included)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no summary table."),
-    sweep_adapter: bool = typer.Option(
+    )
+    trials: Optional[int] = flag(None, "--trials", min=1, help="Trials the study should hold (a rerun continues to N).")
+    storage: Optional[str] = flag(
+        None, "--storage", help="Optuna storage URL (any SQLAlchemy URL); default sqlite:///OUT/study.db."
+    )
+    study: str = flag("grpo-tune", "--study", help="Study name in the storage.")
+    out: Path = flag(Path("runs/tune"), "--out", "-o", help="Output directory (plan.json, trials.csv, ...).")
+    steps_per_trial: int = flag(3, "--steps-per-trial", min=3, help="GRPO steps per trial; the first is warm-up.")
+    trial_timeout: float = flag(
+        900.0, "--trial-timeout", min=1.0, help="Seconds before a trial is killed (start-up included)."
+    )
+    quiet: bool = flag(False, "--quiet", "-q", help="No progress display and no summary table.")
+    sweep_adapter: bool = flag(
         False,
         "--sweep-adapter",
         help="Also vary the LoRA rank (8, 16, 32, 64) and target modules (all-linear, attention, q_proj,v_proj) of a "
         "plan that trains adapters (grpo-plan --lora-rank).",
-    ),
-    calibrate_only: bool = typer.Option(
+    )
+    calibrate_only: bool = flag(
         False,
         "--calibrate-only",
         help="Run no trial: fit OUT/calibration.json from the measured trials already in the study.",
-    ),
-) -> None:
+    )
+
+
+def _check_args(args: TuneArgs) -> int | None:
+    """Usage checks before anything is written; the run config's memory cap (None with --calibrate-only)."""
+    if args.calibrate_only:
+        return None
+    if args.config is None or args.trials is None:
+        missing = " and ".join(f for f, v in (("--config", args.config), ("--trials", args.trials)) if v is None)
+        raise InputError(f"grpo-tune needs {missing} to run trials.", "Or pass --calibrate-only to fit from a study.")
+    _require_engine()
+    return _memory_cap(args.config)
+
+
+def _settings(args: TuneArgs, cap: int | None) -> Any:
+    from grpo_pilot.tuner.sweep import SweepSettings
+
+    assert args.config is not None and args.trials is not None  # _check_args
+    return SweepSettings(
+        trials=args.trials,
+        steps_per_trial=args.steps_per_trial,
+        trial_timeout_s=args.trial_timeout,
+        out_dir=str(args.out),
+        config_path=str(args.config.resolve()),
+        memory_cap_bytes=cap,
+    )
+
+
+@command(app, TuneArgs)
+def main(args: TuneArgs) -> None:
     """Run short real trials of candidate knobs for PLAN and write the best measured plan."""
     from grpo_pilot.planner.plan import check_plan_out, load_plan
     from grpo_pilot.tuner.prior import memory_limit
     from grpo_pilot.tuner.space import build_space
     from grpo_pilot.tuner.study import check_identity, default_storage, open_study
-    from grpo_pilot.tuner.sweep import SweepSettings, prepare
+    from grpo_pilot.tuner.sweep import prepare
 
-    base = load_plan(plan)
-    console = Console(stderr=True)
-    url = storage or default_storage(out)
-    cap: int | None = None
-    if not calibrate_only:
-        if config is None or trials is None:
-            missing = " and ".join(f for f, v in (("--config", config), ("--trials", trials)) if v is None)
-            raise InputError(
-                f"grpo-tune needs {missing} to run trials.", "Or pass --calibrate-only to fit from a study."
-            )
-        _require_engine()
-        cap = _memory_cap(config)
-    created = prepare_output_dir(out, flag="--out", what="tuning directory")
-    with DirectoryLock(out, "grpo-tune"):  # a second grpo-tune on this --out is refused with our PID
+    base = load_plan(args.plan)
+    err = console(stderr=True)
+    url = args.storage or default_storage(args.out)
+    cap = _check_args(args)
+    created = prepare_output_dir(args.out, flag="--out", what="tuning directory")
+    with DirectoryLock(args.out, "grpo-tune"):  # a second grpo-tune on this --out is refused with our PID
         try:
-            if calibrate_only:
-                _calibrate_only(base, url, study, out, quiet, console, sweep_adapter)
+            if args.calibrate_only:
+                _calibrate_only(base, url, args.study, args.out, args.quiet, err, args.sweep_adapter)
                 return
-            check_plan_out(out / "plan.json", flag="--out")  # the best plan goes there: only over an earlier plan
-            space = build_space(base, sweep_adapter=sweep_adapter)  # before the storage: a refusal leaves nothing
-            the_study = open_study(url, study)
+            check_plan_out(args.out / "plan.json", flag="--out")  # the best plan goes there: only over a plan
+            space = build_space(base, sweep_adapter=args.sweep_adapter)  # before the storage: a refusal leaves nothing
+            the_study = open_study(url, args.study, notify=lambda text: _note(err, text))
             setup = prepare(base, space, memory_limit(base, cap), use_prior=True)
             check_identity(the_study, base, setup.space)
         except InputError:
             if created:
-                discard_created_dir(out)
+                discard_created_dir(args.out)
             raise
-        assert config is not None and trials is not None
-        settings = SweepSettings(
-            trials=trials,
-            steps_per_trial=steps_per_trial,
-            trial_timeout_s=trial_timeout,
-            out_dir=str(out),
-            config_path=str(config.resolve()),
-            memory_cap_bytes=cap,
-        )
-        if not quiet:
+        if not args.quiet:
             dims = ", ".join(f"{k} ({len(v)})" for k, v in setup.space.choices.items())
-            console.print(
-                f"study '{study}' in {url}; space: {dims} = {setup.space.size} points",
-                highlight=False,
-                markup=False,
-                soft_wrap=True,
-            )
-        _sweep(the_study, base, setup, settings, url, quiet, console)
+            _note(err, f"study '{args.study}' in {url}; space: {dims} = {setup.space.size} points", prefix="")
+        _sweep(the_study, base, setup, _settings(args, cap), url, args.quiet, err)
 
 
-def _sweep(the_study: Any, base: Any, setup: Any, settings: Any, url: str, quiet: bool, console: Console) -> None:
+def _note(out: Console, text: str, prefix: str = "note: ") -> None:
+    out.print(f"{prefix}{text}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _sweep(the_study: Any, base: Any, setup: Any, settings: Any, url: str, quiet: bool, err: Console) -> None:
     """Run the trials, then write the outputs (also after Ctrl-C / SIGTERM) and print the summary."""
     from grpo_pilot.tuner.display import SweepDisplay
     from grpo_pilot.tuner.report import write_outputs
@@ -223,7 +234,7 @@ def _sweep(the_study: Any, base: Any, setup: Any, settings: Any, url: str, quiet
     previous = signal.signal(signal.SIGTERM, _interrupt)
     failure: BaseException | None = None
     try:
-        with SweepDisplay(console, quiet=quiet) as display:
+        with SweepDisplay(err, quiet=quiet) as display:
             Sweep(the_study, base, setup, settings, SubprocessRunner(), display).run()
     except (KeyboardInterrupt, RunError) as exc:
         failure = exc
@@ -234,16 +245,16 @@ def _sweep(the_study: Any, base: Any, setup: Any, settings: Any, url: str, quiet
     if failure is not None:
         raise failure
     for note in outputs.notes:
-        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     if outputs.calibration_json and not quiet:
-        console.print(f"calibration: {outputs.calibration_json}", highlight=False, markup=False, soft_wrap=True)
+        err.print(f"calibration: {outputs.calibration_json}", highlight=False, markup=False, soft_wrap=True)
     if outputs.best_trial is None:
         raise RunError(
             f"No trial of study '{study}' produced a measurement ({len(done)} trial(s): see {outputs.trials_csv}).",
             "Read the failure reasons there and in OUT/trials/*/run/grpo-run.log, fix the setup, and run again.",
         )
     if not quiet:
-        _summary(done, Console(file=sys.stdout))
+        _summary(done, console())
         print(
             f"best: trial {outputs.best_trial}. Outputs: {outputs.plan_path}, {outputs.trials_csv}, "
             f"{outputs.report_png or '(no report.png)'}, {outputs.calibration_json or '(no calibration.json)'}"

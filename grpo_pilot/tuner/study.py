@@ -7,7 +7,8 @@ loaded if it exists, so running the sweep again continues it.
 Trial bookkeeping lives in user attributes (visible in the dashboard):
 - `status`: `ok`, `oom`, `worker_died`, `crash`, `timeout`, `pruned` (counted trials: N of
   `--trials N`), `duplicate` (the sampler proposed a point already tried: not run, not counted),
-  `interrupted` (the sweep was stopped during it: not counted, its point is queued again);
+  `interrupted` (the sweep was stopped during it: not counted, its point is queued again), `surplus`
+  (another sweep on the same storage already runs the trials that make N: closed unrun, not counted);
 - `record`: the `TrialRecord` (JSON) of counted trials;
 - `source`: who proposed the point (set when it is enqueued);
 - `lease_host`, `lease_pid`, `lease_deadline_unix`: who runs a RUNNING trial and until when.
@@ -24,10 +25,11 @@ import hashlib
 import json
 import os
 import socket
+import sqlite3
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -47,6 +49,8 @@ UNLEASED_STALE_S = 60.0  # a RUNNING trial that never got its lease (killed righ
 # trials before it models anything. The sampler is not stored; a resumed sweep seeds it with the
 # number of trials so far, so the same storage always continues the same way.
 STARTUP_TRIALS = 5
+SQLITE_TIMEOUT_S = 60.0  # how long a SQLite storage locked by another process is waited for
+LOCK_PROBE_S = 2.0  # a lock held longer than this is announced before the wait
 
 
 def default_storage(out_dir: str | Path) -> str:
@@ -96,17 +100,49 @@ def _rdb_storage(url: str, engine_kwargs: dict[str, Any]) -> Any:
     raise AssertionError("unreachable")
 
 
-def open_study(storage: str | None, name: str) -> optuna.Study:
-    """Create or load the study (`storage` None = in memory, for replays and tests)."""
+def sqlite_locked(path: Path, wait_s: float = LOCK_PROBE_S) -> bool:
+    """Whether another connection holds a write lock on the SQLite file `path` for longer than `wait_s`."""
+    if not path.is_file():
+        return False
+    try:
+        con = sqlite3.connect(str(path), timeout=wait_s, isolation_level=None)
+    except sqlite3.Error:
+        return False  # not a database we can open: the storage's own open says why
+    try:
+        con.execute("BEGIN IMMEDIATE")  # a RESERVED lock: waits behind another writer, not behind readers
+        con.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc)
+    finally:
+        con.close()
+
+
+def open_study(storage: str | None, name: str, *, notify: Callable[[str], None] | None = None) -> optuna.Study:
+    """Create or load the study (`storage` None = in memory, for replays and tests). A SQLite storage that
+    another process keeps locked is waited for up to `SQLITE_TIMEOUT_S` (`notify` hears that it waits), then
+    refused naming the lock."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     backend: Any = None
     if storage is not None:
-        kwargs = {"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else {}
+        kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if storage.startswith("sqlite") else {}
         try:
             if storage.startswith("sqlite:///"):
-                _create_sqlite_atomically(Path(storage[len("sqlite:///") :]), kwargs)
+                path = Path(storage[len("sqlite:///") :])
+                if notify is not None and sqlite_locked(path):
+                    notify(
+                        f"the study storage {path} is locked by another process (a sweep, optuna-dashboard, "
+                        f"sqlite3); waiting up to {SQLITE_TIMEOUT_S:.0f} s for it"
+                    )
+                _create_sqlite_atomically(path, kwargs)
             backend = _rdb_storage(storage, kwargs)
         except Exception as exc:  # SQLAlchemy raises many types for a bad URL, a missing driver, a refused login
+            if "database is locked" in str(exc):
+                raise InputError(
+                    f"The study storage '{storage}' stayed locked for {SQLITE_TIMEOUT_S:.0f} s: another process "
+                    "holds a write lock on it (a sweep, optuna-dashboard, sqlite3).",
+                    "Let it finish or stop it, then run the same command again.",
+                ) from None
             raise InputError(
                 f"Cannot open the study storage '{storage}' ({type(exc).__name__}: {str(exc).splitlines()[0]}).",
                 "Give --storage a SQLAlchemy URL such as sqlite:///tune.db or postgresql://user@host/db "
@@ -168,6 +204,17 @@ def records(study: optuna.Study) -> list[TrialRecord]:
 
 def counted(study: optuna.Study) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False) if status_of(t) in COUNTED)
+
+
+def in_flight(study: optuna.Study, before: int | None = None) -> int:
+    """RUNNING trials that will be counted when they end (no status yet, not stale), optionally only those
+    numbered below `before`: the trials other sweeps on this storage are running."""
+    now, host = time.time(), socket.gethostname()
+    return sum(
+        1
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if status_of(t) is None and (before is None or t.number < before) and not is_stale(t, now, host)
+    )
 
 
 def taken_points(study: optuna.Study, exclude: int | None = None) -> dict[tuple[tuple[str, Any], ...], int]:

@@ -12,6 +12,9 @@ One trial, top to bottom (`_one_trial`):
      told the measured tokens/s (complete) or failed.
 A sweep stopped by Ctrl-C marks its running trial interrupted and queues its point again; a sweep
 killed outright leaves a stale RUNNING trial that the next start recovers (`study.recover_stale`).
+Several sweeps may share one storage: a sweep stops asking when the trials counted plus those running
+elsewhere make N, and a trial asked when that was already so (two asked at once: the later number
+yields) is closed as `surplus` without running, so N is never overshot.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from grpo_pilot.tuner.versions import gpu_kind, software_versions
 
 DUPLICATE_LIMIT = 5  # duplicates in a row before an unseen point is queued
 SAME_CRASH_LIMIT = 3  # identical crashes in a row stop the sweep: the setup is broken, not the knobs
+SURPLUS = object()  # `_one_trial`: N is reached by trials counted and running in other sweeps of the storage
 
 
 class SweepSettings(Frozen):
@@ -124,8 +128,10 @@ class Sweep:
             self._enqueue_seeds()
         self.events.begin(st.counted(self.study), self.settings.trials)
         duplicates = 0
-        while st.counted(self.study) < self.settings.trials:
+        while st.counted(self.study) + st.in_flight(self.study) < self.settings.trials:
             record = self._one_trial()
+            if record is SURPLUS:
+                break
             if record is not None:
                 duplicates = 0
                 self._stop_on_repeated_crash()
@@ -157,11 +163,16 @@ class Sweep:
         self.study.enqueue_trial(self.rng.choice(unseen), user_attrs={"source": "random_fallback"})
         return True
 
-    def _one_trial(self) -> TrialRecord | None:
+    def _one_trial(self) -> TrialRecord | object | None:
+        """One trial (module docstring): its record; None for a duplicate; `SURPLUS` when the trials counted and
+        running elsewhere already make N (another sweep on this storage asked first)."""
         trial = self.study.ask(self.distributions)
         st.lease(trial, self.settings.trial_timeout_s)
         params = dict(trial.params)
         source: Source = trial.user_attrs.get("source", "sampler")
+        if st.counted(self.study) + st.in_flight(self.study, before=trial.number) >= self.settings.trials:
+            self._give_back(trial, params)
+            return SURPLUS
         earlier = st.taken_points(self.study, exclude=trial.number).get(point_key(params))
         if earlier is not None:
             trial.set_user_attr("status", "duplicate")
@@ -192,6 +203,14 @@ class Sweep:
             self.study.enqueue_trial(params, user_attrs={"source": "retry", "retry_of": trial.number})
             raise
         return self._finish(trial, record, TrialState.COMPLETE if record.status == "ok" else TrialState.FAIL)
+
+    def _give_back(self, trial: optuna.Trial, params: dict[str, Any]) -> None:
+        """Close a trial this sweep does not need (status `surplus`: not counted); a queued point goes back."""
+        trial.set_user_attr("status", "surplus")
+        self.study.tell(trial, state=TrialState.FAIL)
+        attrs = {k: v for k, v in trial.user_attrs.items() if not k.startswith("lease_") and k != "status"}
+        if "source" in attrs:  # it came from the queue (a seed or a retry)
+            self.study.enqueue_trial(params, user_attrs=attrs)
 
     def _measure(self, number: int, source: Source, params: dict[str, Any], plan: Plan) -> TrialRecord:
         trial_dir = Path(self.settings.out_dir) / "trials" / f"{self.study.study_name}-{number:04d}"

@@ -112,6 +112,22 @@ def test_sweep_writes_outputs_and_continues(tmp_path, fake_engine):
     assert {r.steps for r in fake.requests} == {3}
 
 
+def test_off_a_terminal_each_trial_is_a_line_as_it_ends(tmp_path, fake_engine):
+    """With the output in a file (not a terminal), a trial's line is written when it ends, before the next runs."""
+    seen: list[str] = []
+
+    def outcome(k):
+        sys.stderr.flush()
+        seen.append(sys.stderr.buffer.getvalue().decode())  # CliRunner's stderr: what a log file holds by now
+        return measured(1000.0)
+
+    fake_engine(outcome)
+    result = invoke(TINY_PLAN, "--config", TINY_CONFIG, "--out", str(tmp_path / "out"), "--trials", "2")
+    assert result.exit_code == 0, result.output
+    assert "grpo-tune: 0 trial(s) in the study, 2 to run (of 2)" in seen[0] and "trial 0 [" not in seen[0]
+    assert "trial 0 [input_plan]" in seen[1] and "— ok" in seen[1]
+
+
 def test_no_measurement_is_a_run_failure_with_the_table(tmp_path, fake_engine):
     fake_engine(lambda k: failed("oom", "live tensor bytes over the cap", phase="update", step=2))
     out = tmp_path / "out"

@@ -14,7 +14,7 @@ from grpo_pilot.errors import InputError, RunError
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.tuner import study as st
 from grpo_pilot.tuner.prior import PRUNE_FACTOR, memory_limit, peak_tensor_bytes, seqs_per_micro_batch
-from grpo_pilot.tuner.space import TuneSpace, build_space, params_of
+from grpo_pilot.tuner.space import TuneSpace, build_space, grid, params_of
 from grpo_pilot.tuner.sweep import Sweep, SweepSettings, prepare
 
 SEQ = 48  # tiny: prompt 32 + response 16
@@ -275,3 +275,67 @@ def test_adapter_sweep_runs_trial_plans_with_their_rank_and_targets(tmp_path, ev
     outputs = write_outputs(tmp_path / "report", plan, records)
     assert outputs.calibration_json is None  # full-fine-tune predictions are no base for calibrating LoRA runs
     assert any("adapters" in n for n in outputs.notes)
+
+
+def test_two_sweeps_on_one_storage_never_overshoot_n(tmp_path, events):
+    """Another sweep's running trial counts toward N: this sweep stops asking when counted + running elsewhere
+    make N, and a trial asked just after another sweep's (a later number) is closed as surplus, unrun."""
+    url = st.default_storage(tmp_path / "out")
+    foreign: list = []
+
+    def outcome(k: Knobs):
+        if not foreign:  # while this sweep's first trial runs, another sweep asks (and leases) one
+            other = st.open_study(url, "s")
+            trial = other.ask(st.distributions(build_space(tiny_plan())))
+            st.lease(trial, 600)
+            foreign.append(trial.number)
+        return measured(rate_of(k))
+
+    runner = FakeRunner(outcome)
+    study, sw = sweep(tmp_path, runner, events, trials=2, storage=url)
+    records = sw.run()
+    assert len(records) == 1 == len(runner.requests)  # 1 measured here + 1 running elsewhere = N
+    assert st.counted(study) + st.in_flight(study) == 2
+
+    # the race: the other sweep's ask lands between this sweep's check and its own ask
+    study2, sw2 = sweep(tmp_path, runner, events, trials=3, storage=url)
+    asked = study2.ask
+
+    def ask_after_another(*args, **kwargs):
+        other = st.open_study(url, "s")
+        st.lease(other.ask(st.distributions(build_space(tiny_plan()))), 600)
+        return asked(*args, **kwargs)
+
+    study2.ask = ask_after_another  # type: ignore[method-assign]
+    space = build_space(tiny_plan())
+    for point in list(grid(space))[-2:]:  # two queued points: the other sweep takes one, this sweep the next
+        study2.enqueue_trial(point, user_attrs={"source": "planner"})
+    assert len(sw2.run()) == 1 and len(runner.requests) == 1  # nothing more ran here
+    trials = study2.get_trials(deepcopy=False)
+    surplus = [t for t in trials if st.status_of(t) == "surplus"]
+    assert len(surplus) == 1 and surplus[0].state == TrialState.FAIL
+    assert st.counted(study2) + st.in_flight(study2) == 3
+    # the queued point the surplus trial took goes back to the queue (beside the one nobody took yet)
+    waiting = study2.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    queue = [(t.system_attrs["fixed_params"], t.user_attrs["source"]) for t in waiting]
+    assert len(queue) == 2 and queue[-1] == (surplus[0].params, "planner")
+
+
+def test_a_locked_sqlite_storage_is_announced_then_refused(tmp_path, monkeypatch):
+    import sqlite3
+
+    url = st.default_storage(tmp_path)
+    st.open_study(url, "s")
+    holder = sqlite3.connect(str(tmp_path / st.STORAGE_FILE), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # optuna-dashboard, sqlite3 or a stuck process holding the write lock
+    monkeypatch.setattr(st, "SQLITE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(st, "LOCK_PROBE_S", 0.1)
+    heard: list[str] = []
+    try:
+        with pytest.raises(InputError, match="stayed locked for 1 s: another process holds a write lock"):
+            st.open_study(url, "s", notify=heard.append)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert heard and "is locked by another process" in heard[0] and "waiting up to 1 s" in heard[0]
+    assert isinstance(st.open_study(url, "s", notify=heard.append), optuna.Study) and len(heard) == 1
