@@ -43,27 +43,59 @@ def refuse_non_regular(target: Path) -> None:
         )
 
 
+def _umask() -> int:
+    """The process umask, read without changing it (Linux /proc; elsewhere set and restored at once)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(target: Path) -> int:
+    """The mode a written file gets: the mode of the file it replaces, else 0666 less the umask — what `open(path,
+    "w")` gives (mkstemp's temp files are 0600)."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _cannot_write(target: Path, exc: OSError) -> InputError:
+    """An OS refusal (read-only file system, no space left, no permission, ...) as a one-paragraph input error."""
+    where = exc.filename or target
+    return InputError(
+        f"Cannot write '{target}': {exc.strerror or exc} ('{where}'); nothing was written there.",
+        "Free space or choose a path on a writable file system.",
+    )
+
+
 def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[object], object]) -> Path:
-    """Call `writer(binary_file)` on a temp file next to `path`, then rename it over `path`."""
+    """Call `writer(binary_file)` on a temp file next to `path`, then rename it over `path` (mode: `_mode_for`)."""
     target = Path(path)
     refuse_non_regular(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except (FileExistsError, NotADirectoryError, PermissionError, IsADirectoryError) as exc:
-        raise InputError(
-            f"Cannot write '{target}': {exc.strerror or exc} ('{exc.filename or target.parent}').",
-            "Choose a path in a writable directory.",
-        ) from None
+    except OSError as exc:  # EROFS, EACCES, ENOSPC, a parent that is a file, ...
+        raise _cannot_write(target, exc) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             writer(handle)
             handle.flush()
+            os.fchmod(handle.fileno(), _mode_for(target))
             os.fsync(handle.fileno())
         refuse_non_regular(target)  # swapped for a device or a directory while we wrote
         os.replace(tmp_name, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
+        if isinstance(exc, OSError):  # ENOSPC or EIO while writing, EROFS at the rename
+            raise _cannot_write(target, exc) from None
         raise
     return target

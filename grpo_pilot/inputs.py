@@ -137,8 +137,35 @@ def json_depth_exceeds(value: Any, max_depth: int) -> bool:
     return False
 
 
+class _BadNumber:
+    """Stands in for a NaN / Infinity / overflowing number while `_path_of_bad_number` looks for its key."""
+
+
+def _path_of_bad_number(text: str) -> str | None:
+    """Where (`a.b[1]`) the first non-finite number of `text` is, found by parsing again with a stand-in."""
+
+    def bad_float(token: str) -> Any:
+        value = float(token)
+        return value if math.isfinite(value) else _BadNumber()
+
+    try:
+        value = json.loads(text, parse_constant=lambda _: _BadNumber(), parse_float=bad_float)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:  # depth first, in document order
+        item, path = stack.pop()
+        if isinstance(item, _BadNumber):
+            return path or "(top level)"
+        if isinstance(item, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in reversed(list(item.items())))
+        elif isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return None
+
+
 def parse_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Strict JSON (module docstring); raises `JsonProblem` saying what is wrong."""
+    """Strict JSON (module docstring); raises `JsonProblem` saying what is wrong (and where, for a number)."""
     # fewer brackets than the limit cannot nest deeper: the cheap count spares most lines the walk
     shallow = text.count("[") + text.count("{") <= max_depth
     try:
@@ -147,8 +174,11 @@ def parse_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise JsonProblem(f"nested deeper than {max_depth} levels") from None
     except json.JSONDecodeError as exc:
         raise JsonProblem(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except JsonProblem as exc:  # NaN, Infinity or an overflowing number: name its key
+        path = _path_of_bad_number(text)
+        raise JsonProblem(f"field '{path}': {exc}" if path else str(exc)) from None
     except ValueError as exc:  # int() of a number with more than 4300 digits
-        raise JsonProblem(str(exc) if isinstance(exc, JsonProblem) else f"not valid JSON ({exc})") from None
+        raise JsonProblem(f"not valid JSON ({exc})") from None
     if not shallow and json_depth_exceeds(value, max_depth):
         raise JsonProblem(f"nested deeper than {max_depth} levels")
     return value
@@ -178,7 +208,8 @@ def validation_problem(exc: Any) -> str:
     first = exc.errors()[0]
     where = ".".join(str(x) for x in first["loc"]) or "(top level)"
     shown = repr(first.get("input"))
-    got = f" (got {shown[:60]}{'…' if len(shown) > 60 else ''})" if first["type"] != "missing" else ""
+    quoted = first["type"] != "missing" and first["loc"]  # a whole-object problem does not quote the object
+    got = f" (got {shown[:60]}{'…' if len(shown) > 60 else ''})" if quoted else ""
     more = exc.error_count() - 1
     also = f"; {more} more problem(s)" if more > 0 else ""
     return f"field '{where}': {first['msg']}{got}{also}"

@@ -382,6 +382,6 @@ def main(args: PlanArgs) -> None:
 
         require_engine()
     lengths = _length_values(args)
-    host_bytes = parse_size_bytes(args.host_ram) if args.host_ram else None
+    host_bytes = parse_size_bytes(args.host_ram, flag="--host-ram") if args.host_ram else None
     planned = _plan_launch(args, lengths, host_bytes) if args.launch else _plan_search(args, lengths, host_bytes)
     _show(args, planned)

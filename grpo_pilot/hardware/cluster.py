@@ -18,6 +18,7 @@ from grpo_pilot.hardware.gpus import CATALOG, GiB, GPUSpec, lookup_gpu
 from grpo_pilot.models import Frozen
 
 DEFAULT_GPUS_PER_NODE = 8
+MAX_COUNT_DIGITS = 7  # GPUs per node or nodes: up to 9,999,999 (int() of thousands of digits is refused)
 # Host RAM assumed per node when the user does not say (--host-ram): DGX A100 ships 1 TB,
 # DGX H100 2 TB; 1 TiB is the conservative common value for 8-GPU cloud nodes.
 DEFAULT_HOST_RAM_BYTES = 1024 * GiB
@@ -78,6 +79,12 @@ def parse_cluster(text: str, host_ram_bytes_per_node: int | None = None) -> Clus
             f"Unknown GPU '{name}' in '{text}'.",
             f"Known GPUs: {', '.join(CATALOG)}, cpu. Accepted forms: {ACCEPTED_FORMS}.",
         )
+    if max(len(gpus_txt), len(nodes_txt or "")) > MAX_COUNT_DIGITS:
+        raise InputError(
+            f"The cluster '{text[:40]}{'…' if len(text) > 40 else ''}' asks for more than "
+            f"{10**MAX_COUNT_DIGITS - 1:,} GPUs or nodes.",
+            f"Give real counts. Accepted forms: {ACCEPTED_FORMS}.",
+        )
     count = int(gpus_txt)
     if count < 1 or (nodes_txt is not None and int(nodes_txt) < 1):
         raise InputError(
@@ -99,18 +106,28 @@ def parse_cluster(text: str, host_ram_bytes_per_node: int | None = None) -> Clus
         raise InputError(
             f"'{text}': cpu workers run on this one machine.", "Use Nxcpu (e.g. 2xcpu for two worker processes)."
         )
-    host = host_ram_bytes_per_node or (gpu.memory_bytes if gpu.is_cpu else DEFAULT_HOST_RAM_BYTES)
+    default_host = gpu.memory_bytes if gpu.is_cpu else DEFAULT_HOST_RAM_BYTES
+    host = default_host if host_ram_bytes_per_node is None else host_ram_bytes_per_node
     return Cluster(gpu=gpu, num_nodes=num_nodes, gpus_per_node=per_node, host_ram_bytes_per_node=host)
 
 
-_SIZE = re.compile(r"^\s*([\d.]+)\s*(TIB|TB|GIB|GB|MIB|MB)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(TIB|TB|GIB|GB|MIB|MB)?\s*$", re.IGNORECASE)
 _UNITS = {"TIB": 1 << 40, "TB": 10**12, "GIB": GiB, "GB": 10**9, "MIB": 1 << 20, "MB": 10**6, None: GiB}
+MAX_SIZE_BYTES = 1 << 60  # 1 EiB: far beyond any node's RAM; a larger size is a typo
 
 
-def parse_size_bytes(text: str) -> int:
-    """'512GiB', '2TB', '768' (GiB) → bytes."""
+def parse_size_bytes(text: str, *, flag: str = "") -> int:
+    """'512GiB', '2TB', '768' (GiB) → bytes; a size that is not a positive number of at most 1 EiB is an
+    `InputError` naming `flag`."""
+    where = f"{flag} " if flag else ""
     match = _SIZE.match(text or "")
     if not match:
-        raise InputError(f"Cannot read the size '{text}'.", "Write e.g. 512GiB, 2TiB or 1.5TB.")
+        raise InputError(f"Cannot read the size {where}'{text}'.", "Write e.g. 512GiB, 2TiB or 1.5TB.")
     value, unit = match.groups()
-    return int(float(value) * _UNITS[unit.upper() if unit else None])
+    size = float(value) * _UNITS[unit.upper() if unit else None]  # digits only: finite, or inf past 1e308
+    if not 1 <= size <= MAX_SIZE_BYTES:
+        raise InputError(
+            f"The size {where}'{text}' is {'zero' if size < 1 else 'larger than 1 EiB'}.",
+            "Give the RAM per node, e.g. 512GiB or 2TiB.",
+        )
+    return int(size)

@@ -24,7 +24,6 @@ never imports torch.
 
 from __future__ import annotations
 
-import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -33,6 +32,7 @@ from pydantic import Field, ValidationError
 
 from grpo_pilot.atomic import atomic_write_text
 from grpo_pilot.errors import InputError
+from grpo_pilot.inputs import read_json_file
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.evaluate import PlanInputs
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
@@ -136,12 +136,9 @@ def load_calibration(path: str | Path) -> Calibration:
     """Read a calibration file; a missing, corrupt or foreign file is an `InputError` saying what to do."""
     p = Path(path)
     redo = "Fit it again with `grpo-tune PLAN --config RUN --calibrate-only --out DIR` (writes DIR/calibration.json)."
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"No calibration file at '{p}'.", redo) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"The calibration file '{p}' is not valid JSON ({exc}).", redo) from None
+    # the input layer: a regular file of bounded size (a FIFO or /dev/zero is refused, not read), strict JSON
+    # nested at most MAX_JSON_DEPTH levels (no RecursionError)
+    raw = read_json_file(p, "calibration file", hint=redo)
     if not isinstance(raw, dict) or "schema_version" not in raw or "device_kind" not in raw:
         raise InputError(f"'{p}' is not a grpo-pilot calibration file (no schema_version/device_kind).", redo)
     if raw["schema_version"] != CALIBRATION_SCHEMA:
@@ -232,7 +229,7 @@ def choose_calibration(
     if not use_default:
         return inputs, None
     default = default_calibration_path(gpu, environ)
-    if not default.is_file():
+    if not os.path.lexists(default):  # anything there (a pipe, a directory) is read, and refused by name
         packaged = packaged_for(gpu)
         if packaged is None:
             return inputs, None

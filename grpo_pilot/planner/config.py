@@ -29,6 +29,13 @@ GenerationWeights = Literal["layer", "model"]
 VllmEngine = Literal["v1", "v0"]
 VllmMemory = Literal["instance", "device"]
 
+# Sanity bounds of a job (a larger value is a typo or a hostile input, and its arithmetic leaves float range):
+# 16× the 1M-token context of the longest-context bundled family (Qwen2.5-1M), and batches far beyond any
+# published GRPO run (verl's largest examples use a few thousand prompts × n ≤ 64).
+MAX_SEQUENCE_TOKENS = 1 << 24
+MAX_PROMPTS_PER_STEP = 1 << 24
+MAX_GROUP_SIZE = 1 << 20
+
 
 class Workload(Frozen):
     """The GRPO job the user wants to run; never changed by the search.
@@ -42,18 +49,27 @@ class Workload(Frozen):
     """
 
     prompts_per_step: int = Field(
-        default=1024, ge=1, description="Prompts per optimizer batch (verl data.train_batch_size)."
+        default=1024,
+        ge=1,
+        le=MAX_PROMPTS_PER_STEP,
+        description="Prompts per optimizer batch (verl data.train_batch_size).",
     )
     mini_batch_prompts: int = Field(
         default=256,
         ge=1,
+        le=MAX_PROMPTS_PER_STEP,
         description="Prompts per PPO mini-batch (verl ppo_mini_batch_size); one optimizer step each.",
     )
     n: int = Field(
-        default=5, ge=1, description="Responses per prompt (group size; verl rollout.n, TRL num_generations)."
+        default=5,
+        ge=1,
+        le=MAX_GROUP_SIZE,
+        description="Responses per prompt (group size; verl rollout.n, TRL num_generations).",
     )
-    prompt_len_tokens: int = Field(default=512, ge=1, description="Longest prompt, tokens.")
-    response_len_tokens: int = Field(default=1024, ge=1, description="Longest response, tokens.")
+    prompt_len_tokens: int = Field(default=512, ge=1, le=MAX_SEQUENCE_TOKENS, description="Longest prompt, tokens.")
+    response_len_tokens: int = Field(
+        default=1024, ge=1, le=MAX_SEQUENCE_TOKENS, description="Longest response, tokens."
+    )
     prompt_len_mean_tokens: float | None = Field(
         default=None, gt=0, description="Mean prompt length, tokens (None = every prompt at the maximum)."
     )
@@ -63,11 +79,15 @@ class Workload(Frozen):
     prompt_len_std_tokens: float | None = Field(
         default=None,
         ge=0,
+        le=MAX_SEQUENCE_TOKENS,
         description="Standard deviation of prompt lengths (None = unknown: the largest a length in [0, max] "
         "with that mean can have).",
     )
     response_len_std_tokens: float | None = Field(
-        default=None, ge=0, description="Standard deviation of response lengths (None = unknown, as above)."
+        default=None,
+        ge=0,
+        le=MAX_SEQUENCE_TOKENS,
+        description="Standard deviation of response lengths (None = unknown, as above).",
     )
     response_tail_tokens: int | None = Field(
         default=None,

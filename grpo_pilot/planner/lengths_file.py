@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Sequence
 
 from grpo_pilot.errors import InputError
 from grpo_pilot.inputs import JsonProblem, parse_json, read_input_text
+from grpo_pilot.planner.config import MAX_SEQUENCE_TOKENS
 
 
 class LengthStats(NamedTuple):
@@ -50,9 +51,10 @@ def stats_of(prompts: Sequence[int], responses: Sequence[int] | None = None) -> 
 
 
 def _count(value: Any, key: str, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQUENCE_TOKENS:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}… ({len(repr(value))} characters)"
         raise InputError(
-            f"{where}: '{key}' must be a non-negative integer token count, got {value!r}.",
+            f"{where}: '{key}' must be an integer token count from 0 to {MAX_SEQUENCE_TOKENS:,}, got {shown}.",
             'Each line of a lengths file is {"prompt_tokens": int, "response_tokens": int} (grpo-run writes '
             "lengths.jsonl in its output directory).",
         )

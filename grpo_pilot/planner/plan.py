@@ -31,7 +31,7 @@ from grpo_pilot.planner.config import Knobs, Target, Workload
 from grpo_pilot.planner.execution import Execution, execution_of
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS
 from grpo_pilot.planner.reports import PhaseMemory
-from grpo_pilot.planner.rules import PhaseName
+from grpo_pilot.planner.rules import PLAN_PHASES, PhaseName
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
 
@@ -144,6 +144,14 @@ class Plan(Frozen):
         description="What the engine needs to run the plan (layout, rollout KV bytes per token, weight-sync "
         "bucket, old-policy pass); plans written before it was recorded get it from their inputs on load.",
     )
+
+    @model_validator(mode="after")
+    def _every_phase(self) -> "Plan":
+        for name, table in (("phases", self.phases), ("phase_times_s", self.phase_times_s)):
+            missing = [p for p in PLAN_PHASES if p not in table]
+            if missing:
+                raise ValueError(f"{name} lacks {', '.join(missing)} (a plan has all of {', '.join(PLAN_PHASES)})")
+        return self
 
     @model_validator(mode="after")
     def _execution(self) -> "Plan":

@@ -75,8 +75,11 @@ def _cluster_sizes(cluster: Cluster) -> Iterator[tuple[int, int]]:
 def _fewest_gpus(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None:
     if not inputs.cluster.device.offload_meaningful or first_fit(inputs, pins) is not None:
         return None
+    layouts = list(_cluster_sizes(inputs.cluster))
+    if not layouts:  # already MAX_NODES nodes or more: no larger cluster is considered
+        return None
     divisible = 0
-    for nodes, per_node in _cluster_sizes(inputs.cluster):
+    for nodes, per_node in layouts:
         bigger = inputs.cluster.model_copy(update={"num_nodes": nodes, "gpus_per_node": per_node})
         candidate = inputs.model_copy(update={"cluster": bigger})
         if inputs.workload.responses_per_step % bigger.world_size:
@@ -85,18 +88,25 @@ def _fewest_gpus(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None:
         if first_fit(candidate, pins) is not None:
             label = bigger.label()
             return f"fewest {inputs.cluster.gpu.name} GPUs that fit: {bigger.world_size} ({label}; try --gpus {label})."
-    return None if divisible else _indivisible(inputs)
+    return None if divisible else _indivisible(inputs, [nodes * per_node for nodes, per_node in layouts])
 
 
-def _indivisible(inputs: PlanInputs) -> str:
-    """No larger layout (whole nodes, never more GPUs per node than a node holds) divides the responses per
-    step: more GPUs cannot help until prompts per step × n does (batch.divisible_by_world)."""
+def _indivisible(inputs: PlanInputs, worlds: list[int]) -> str:
+    """No larger layout (`worlds`: their GPU counts) divides the responses per step: more GPUs cannot help until
+    prompts per step × n does (batch.divisible_by_world). Names the next --prompts-per-step that one divides (a
+    multiple of the smallest world lies within that many prompts, so the search is short)."""
     w, per_node = inputs.workload, max(inputs.cluster.gpus_per_node, 8)
-    prompts = next(p for p in range(w.prompts_per_step, w.prompts_per_step + per_node + 1) if p * w.n % per_node == 0)
+    prompts, world = next(
+        (p, world)
+        for p in range(w.prompts_per_step + 1, w.prompts_per_step + min(worlds) + 1)
+        for world in sorted(worlds)
+        if p * w.n % world == 0
+    )
     return (
         f"more GPUs cannot help as the job stands: prompts per step × n = {w.responses_per_step} is divisible by "
         f"none of the larger layouts of {per_node}-GPU nodes (every GPU needs an equal share); with "
-        f"--prompts-per-step {prompts} ({prompts * w.n} responses) it is, and more nodes can be tried."
+        f"--prompts-per-step {prompts} ({prompts * w.n} responses) {world} GPUs divide it, and more nodes can be "
+        "tried."
     )
 
 
@@ -169,7 +179,8 @@ def suggest(inputs: PlanInputs, failed: Assessment, pins: Mapping[str, Any] | No
 def _nothing_found(inputs: PlanInputs, pins: Mapping[str, Any]) -> str:
     """What the searches above established when none of them found a fit — only what was checked."""
     checked = []
-    if inputs.cluster.device.offload_meaningful and first_fit(inputs, pins) is None:
+    bigger = any(_cluster_sizes(inputs.cluster))  # none past MAX_NODES nodes: no larger cluster was checked
+    if inputs.cluster.device.offload_meaningful and bigger and first_fit(inputs, pins) is None:
         checked.append(f"no cluster of up to {MAX_NODES} nodes of {inputs.cluster.gpu.name} whose GPU count divides "
                        "the batch fits")  # fmt: skip
     w = inputs.workload

@@ -88,6 +88,18 @@ PLAN_CASES = [
     ("100000-completions", json.dumps(_edited(workload__n=100_000)).encode(), 2, "does not add up"),
     ("host-ram-shrunk", json.dumps(_edited(cluster__host_ram_bytes_per_node=1 << 20)).encode(), 3, "does not fit"),
     ("tp-on-one-cpu", json.dumps(_edited(knobs__rollout_tp=2)).encode(), 2, "rollout_tp=2"),
+    ("phases-emptied", json.dumps(_edited(phases={})).encode(), 2, "phases lacks rollout, log_prob, update"),
+    ("phase-removed", json.dumps(_edited(phases__weight_sync=None)).encode(), 2, "phases lacks weight_sync"),
+    ("times-removed", json.dumps(_edited(phase_times_s__update=None)).encode(), 2, "phase_times_s lacks update"),
+    # a knob edit on a CPU plan moves the peak by < 10% (the process baseline dwarfs the tensors), the update's
+    # tensors by far more
+    ("knob-edited", json.dumps(_edited(knobs__micro_batch_size_per_gpu=32)).encode(), 2, "update tensors"),
+    (
+        "nan-knob",
+        json.dumps(_edited(knobs__gpu_memory_utilization=0.123)).replace("0.123", "NaN").encode(),
+        2,
+        "field 'knobs.gpu_memory_utilization': NaN is not a JSON number",
+    ),
 ]
 
 
