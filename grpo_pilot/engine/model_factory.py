@@ -239,6 +239,7 @@ def save_model_dir(net: Any, tokenizer: Any, directory: str | Path) -> Path:
         net.config.save_pretrained(str(out))
         save_model(net, str(out / "model.safetensors"), metadata={"format": "pt"})
     else:
-        net.save_pretrained(str(out))
+        with _quiet_transformers():  # no "Writing model shards" bar at every vLLM start
+            net.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     return out

@@ -54,6 +54,7 @@ import torch
 
 from grpo_pilot.engine.rollout.completion import check_prompts, eos_token_ids, finish_completion, make_decoder
 from grpo_pilot.engine.rollout.protocol import Generation, SamplingConfig
+from grpo_pilot.engine.rollout.vllm_logs import LOG_FILE, VllmLog, capture_warnings
 from grpo_pilot.errors import InputError, RunError
 
 GIB = 1024**3
@@ -170,6 +171,17 @@ def _preserve_process_state() -> Iterator[None]:
         torch.set_default_dtype(default_dtype)
 
 
+def _check_settings(*, gpu_memory_utilization: float, max_model_len: int, kv: int | None) -> None:
+    """`InputError` naming the first engine setting out of its range (NaN included)."""
+    for key, value, ok, rule in (
+        ("gpu_memory_utilization", gpu_memory_utilization, 0.0 < gpu_memory_utilization <= 1.0, "0 < x <= 1"),
+        ("max_model_len", max_model_len, max_model_len >= 2, "at least 2"),
+        ("kv_cache_bytes", kv, kv is None or kv >= 1, "positive, or None"),
+    ):
+        if not ok:
+            raise InputError(f"Invalid vllm setting {key}={value}: it must be {rule}.", "Re-plan with grpo-plan.")
+
+
 class VLLMRollout:
     """Rollout backend `vllm`; see the module docstring for start-up, weight sync and sleep."""
 
@@ -202,17 +214,7 @@ class VLLMRollout:
                 f"process is in a group of {world}.",
                 "grpo-run starts one worker per GPU: plan rollout_tp to divide the rollout GPUs (or use rollout_tp=1).",
             )
-        if (
-            not 0.0 < gpu_memory_utilization <= 1.0
-            or max_model_len < 2
-            or (kv_cache_bytes is not None and kv_cache_bytes < 1)
-        ):
-            raise InputError(
-                f"Invalid vllm settings: gpu_memory_utilization={gpu_memory_utilization}, "
-                f"max_model_len={max_model_len}, "
-                f"kv_cache_bytes={kv_cache_bytes}.",
-                "Use 0 < gpu_memory_utilization <= 1, max_model_len >= 2 and a positive kv_cache_bytes (or None).",
-            )
+        _check_settings(gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, kv=kv_cache_bytes)
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.sleep_level = sleep_level
@@ -220,7 +222,34 @@ class VLLMRollout:
         self._decode = make_decoder(tokenizer)
         self.vocab_size = model.get_input_embeddings().num_embeddings
         os.environ.update(engine_env(on_cpu=not torch.cuda.is_available(), kv_cache_bytes=kv_cache_bytes))
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is first imported
+        self._own_workdir = workdir is None
+        self.workdir = Path(tempfile.mkdtemp(prefix="grpo-pilot-vllm-")) if workdir is None else Path(workdir)
+        # vLLM's log: to <workdir>/vllm.log, the known-harmless warnings off the console (vllm_logs.py)
+        self._log = VllmLog(None if self._own_workdir else self.workdir / LOG_FILE).install()
+        settings = dict(
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enforce_eager=enforce_eager,
+            seed=seed,
+        )
+        try:
+            with capture_warnings(self._log):
+                self._start(model, settings, kv_cache_bytes=kv_cache_bytes)
+        except BaseException:
+            self._log.close()
+            if self._own_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
+
+    def _start(self, model: torch.nn.Module, settings: dict[str, Any], *, kv_cache_bytes: int | None) -> None:
+        """Import vLLM and build its engine from the policy's files (module docstring)."""
+        import torch.distributed as dist
+
+        tensor_parallel_size = settings["tensor_parallel_size"]
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # read at import: VllmLog replaces vLLM's own handler
         try:
             from vllm import LLM
             from vllm.platforms import current_platform
@@ -231,23 +260,16 @@ class VLLMRollout:
             ) from exc
         from grpo_pilot.engine.model_factory import save_model_dir
 
-        self._own_workdir = workdir is None
-        self.workdir = Path(tempfile.mkdtemp(prefix="grpo-pilot-vllm-")) if workdir is None else Path(workdir)
-        model_dir = save_model_dir(model, tokenizer, self.workdir / "policy")
+        model_dir = save_model_dir(model, self.tokenizer, self.workdir / "policy")
         self.sleep_supported = bool(current_platform.is_sleep_mode_available())
         kwargs: dict[str, Any] = dict(
             model=str(model_dir),
             tokenizer=str(model_dir),
             dtype="float32" if current_platform.is_cpu() else "bfloat16",
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enforce_eager=enforce_eager,
-            seed=seed,
+            **settings,
             generation_config="vllm",  # ignore the checkpoint's sampling defaults; SamplingConfig rules
             enable_sleep_mode=self.sleep_supported,
+            use_tqdm_on_load=False,  # no "Loading safetensors checkpoint shards" bar (vllm/config/load.py)
         )
         if kv_cache_bytes is not None and not current_platform.is_cpu():
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
@@ -264,8 +286,6 @@ class VLLMRollout:
             with _preserve_process_state():
                 self._llm: Any = LLM(**kwargs)
         except Exception as exc:  # vLLM raises ValueError/RuntimeError with its own explanation
-            if self._own_workdir:
-                shutil.rmtree(self.workdir, ignore_errors=True)
             raise RunError(f"The vLLM engine failed to start: {exc}", f"Model directory: {model_dir}.") from exc
         self._asleep = False
         self._param_layer_classes: frozenset[str] = self._llm.apply_model(_param_layer_classes)[0]
@@ -363,6 +383,8 @@ class VLLMRollout:
             shutil.rmtree(self.workdir, ignore_errors=True)
         if getattr(self, "_shm_owner", False):
             remove_stale_cpu_shm()  # mapped segments stay valid for peers still shutting down
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
 
     def __enter__(self) -> VLLMRollout:
         return self
