@@ -71,19 +71,21 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from grpo_pilot.engine import sharding
 from grpo_pilot.engine.algos.logprobs import chunked_token_logprobs, entropy_from_logits, token_logprobs
 from grpo_pilot.engine.algos.policy_loss import policy_loss_terms
 from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
 from grpo_pilot.engine.host_copy import to_device
 from grpo_pilot.engine.lora import attach_adapters, checkpoint_states, load_states
-from grpo_pilot.engine.qlora import is_quantized
 from grpo_pilot.engine.loss_rows import MetricSums, loss_rows
 from grpo_pilot.engine.micro_batches import equalise_bins, plan_micro_batches
+from grpo_pilot.engine.qlora import is_quantized
 from grpo_pilot.engine.rollout.llama_step import unsupported_reason
 from grpo_pilot.engine.settings import ActorSettings
+from grpo_pilot.engine.sharding import all_reduce_max, all_reduce_sum, release_process_group
 from grpo_pilot.engine.shared_prefix import prefix_batch, shared_prefix_hidden, shared_prefix_unsupported
-from grpo_pilot.models import Frozen
 from grpo_pilot.kernels import FUSED_LOGPROB_CHUNK_TOKENS
+from grpo_pilot.models import Frozen
 
 
 @dataclass(frozen=True)
@@ -317,7 +319,6 @@ class Actor:
         rank: int = 0,
         numerics: str | None = None,
     ) -> None:
-        from grpo_pilot.engine import sharding
 
         self.device = device
         self.settings = settings
@@ -417,14 +418,12 @@ class Actor:
         )
         if self.world_size == 1:
             return bins
-        from grpo_pilot.engine.sharding import all_reduce_max
 
         return equalise_bins(bins, all_reduce_max(len(bins), self.device), lengths)
 
     def _all_reduce_sum(self, values: Tensor) -> Tensor:
         if self.world_size == 1:
             return values
-        from grpo_pilot.engine.sharding import all_reduce_sum
 
         return all_reduce_sum(values)
 
@@ -561,8 +560,6 @@ class Actor:
     def close(self) -> None:
         """Release the one-process group this actor made for FSDP2 (offload on one rank), if any."""
         if self._own_group:
-            from grpo_pilot.engine.sharding import release_process_group
-
             release_process_group()
             self._own_group = False
 

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from grpo_pilot.engine.actor import LossSettings
-from grpo_pilot.engine.lora import check_adapter_run
 from grpo_pilot.engine.data import PromptSampler, PromptSet, load_prompts, render_prompt
+from grpo_pilot.engine.device import pick_device
+from grpo_pilot.engine.lora import check_adapter_run
 from grpo_pilot.engine.model_factory import build_tokenizer
 from grpo_pilot.engine.ray_cluster import check_local_gpus, in_ray_session, local_gpus
 from grpo_pilot.engine.rewards import RewardSettings, build_reward
@@ -29,6 +30,8 @@ from grpo_pilot.engine.rollout import SamplingConfig
 from grpo_pilot.engine.run_config import RunConfig, capped_threads
 from grpo_pilot.engine.settings import ActorSettings
 from grpo_pilot.engine.topology import Topology, topology_for
+from grpo_pilot.engine.worker import RolloutSettings, WorkerSetup
+from grpo_pilot.engine.workers import WorkerGroup
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.profiles.spec import kv_bytes_per_token
@@ -73,14 +76,6 @@ def model_source(plan: Plan, plan_path: str | Path | None) -> str:
         if beside.exists():
             return str(beside.resolve())
     return plan.model.resolved
-
-
-def pick_device(choice: str) -> torch.device:
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise InputError("device = cuda was asked for but torch sees no CUDA device.", "Use --device cpu or auto.")
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def tokenize_prompts(prompts: PromptSet, tokenizer: Any, max_tokens: int) -> list[list[int]]:
@@ -198,8 +193,6 @@ def build_engine(
     plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = None, address: str | None = None
 ) -> Engine:
     """Validate inputs, build tokenizer, prompts, reward and sampler, then start the workers."""
-    from grpo_pilot.engine.worker import RolloutSettings, WorkerSetup
-    from grpo_pilot.engine.workers import WorkerGroup
 
     w, k = plan.workload, plan.knobs
     max_new = cfg.max_new_tokens or w.response_len_tokens

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pilot.errors import InputError
+from grpo_pilot.profiles.catalog import _configs_dir, resolve_model
+from grpo_pilot.profiles.gguf import is_gguf_ref, resolve_gguf_path
+from grpo_pilot.profiles.spec import load_hf_config
 
 PAD, EOS, UNK = "<pad>", "<|endoftext|>", "<unk>"
 WEIGHT_FILES = (
@@ -50,8 +53,6 @@ def build_char_tokenizer(alphabet: str | None = None) -> Any:
 
 def _config_dict(model: str) -> tuple[dict[str, Any], Path | None]:
     """The HF config dict for an alias or a path, and the directory if `model` is a local directory."""
-    from grpo_pilot.profiles.catalog import _configs_dir, resolve_model
-    from grpo_pilot.profiles.spec import load_hf_config
 
     path = Path(model).expanduser()
     if path.exists():
@@ -64,7 +65,6 @@ def _config_dict(model: str) -> tuple[dict[str, Any], Path | None]:
 
 def _gguf_location(model: str) -> tuple[str, str]:
     """(directory, file name) of a GGUF model, as transformers' `gguf_file=` loading takes them."""
-    from grpo_pilot.profiles.gguf import resolve_gguf_path
 
     path = resolve_gguf_path(model).resolve()
     return str(path.parent), path.name
@@ -137,7 +137,6 @@ def has_weights(directory: Path | None) -> bool:
 
 def weights_directory(model: str) -> str | None:
     """The local directory holding `model`'s weights (what `build_model` loads), or None (alias, config only, GGUF)."""
-    from grpo_pilot.profiles.gguf import is_gguf_ref
 
     if is_gguf_ref(model):
         return None
@@ -152,8 +151,6 @@ def build_model(model: str, *, seed: int = 0, dtype: str = "float32", vocab_size
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from grpo_pilot.profiles.gguf import is_gguf_ref
 
     if is_gguf_ref(model):
         return build_gguf_model(model, dtype=dtype)
@@ -180,8 +177,6 @@ def build_model(model: str, *, seed: int = 0, dtype: str = "float32", vocab_size
 def build_tokenizer(model: str) -> Any:
     """The directory's tokenizer files if it has them, else the local character tokenizer."""
     from transformers import AutoTokenizer
-
-    from grpo_pilot.profiles.gguf import is_gguf_ref
 
     if is_gguf_ref(model):
         return build_gguf_tokenizer(model)

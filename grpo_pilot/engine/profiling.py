@@ -40,10 +40,10 @@ from typing import Any, Iterator
 
 from pydantic import Field
 
+from grpo_pilot.atomic import atomic_write_text
 from grpo_pilot.engine.device_memory import AllocatorReport, cuda_phase_peaks
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.rules import RUN_PHASES
-
 
 PEAK_FIELDS = ("peak_bytes", "rss_peak_bytes", "reserved_peak_bytes", "device_peak_bytes")  # maxima, never sums
 
@@ -274,7 +274,6 @@ class PhaseProfiler:
 
 
 def write_profile_json(path: str | Path, profile: Frozen) -> Path:
-    from grpo_pilot.atomic import atomic_write_text
 
     return atomic_write_text(path, profile.model_dump_json(indent=2) + "\n")
 

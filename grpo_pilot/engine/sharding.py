@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from grpo_pilot.errors import InputError, RunError
+
 
 def ensure_process_group(world_size: int, device: torch.device) -> bool:
     """FSDP2 needs a process group even on one rank (offload): make a private one-process group if none exists.
@@ -41,16 +43,12 @@ def ensure_process_group(world_size: int, device: torch.device) -> bool:
 
     if dist.is_initialized():
         if dist.get_world_size() != world_size:
-            from grpo_pilot.errors import RunError
-
             raise RunError(
                 f"The training group has {dist.get_world_size()} ranks; this actor expects {world_size}.",
                 "Start one worker per training rank (engine/workers.py does).",
             )
         return False
     if world_size != 1:
-        from grpo_pilot.errors import RunError
-
         raise RunError(
             f"No torch.distributed group for {world_size} training ranks.", "Start the workers through grpo-run."
         )
@@ -73,8 +71,6 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     layers = getattr(decoder, "layers", None)
     if layers is None:
-        from grpo_pilot.errors import InputError
-
         raise InputError(
             f"Cannot find the decoder layers of {type(model).__name__} to shard them.",
             "Use a Llama/Qwen-style causal LM (model.model.layers), or run on one worker without offload.",

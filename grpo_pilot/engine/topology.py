@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 
 
@@ -99,7 +100,6 @@ def build_topology(
     device_kind: Literal["cpu", "cuda"] = "cpu",
 ) -> Topology:
     """Workers for `num_nodes` × `per_node` devices; `rollout_per_node` = rollout workers per node (split)."""
-    from grpo_pilot.errors import InputError
 
     split = placement == "split"
     if split and not 1 <= rollout_per_node < per_node:

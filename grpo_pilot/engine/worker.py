@@ -27,8 +27,19 @@ from typing import Any, Iterator, Literal
 
 from pydantic import Field
 
+from grpo_pilot.engine import dist_checkpoint
+from grpo_pilot.engine.actor import Actor
+from grpo_pilot.engine.device import pick_device
+from grpo_pilot.engine.device_memory import apply_allocator, release_cache
+from grpo_pilot.engine.failures import CrashError, OutOfMemoryRunError, is_out_of_memory
+from grpo_pilot.engine.model_factory import build_model, build_tokenizer
+from grpo_pilot.engine.profiling import PhaseProfiler
+from grpo_pilot.engine.qlora import load_quantized
+from grpo_pilot.engine.rollout import build_rollout
 from grpo_pilot.engine.settings import ActorSettings
 from grpo_pilot.engine.topology import Topology, WorkerSpec
+from grpo_pilot.engine.weight_sync import buckets, from_object_store, policy_weights, stream, to_host
+from grpo_pilot.errors import GrpoPilotError, InputError
 from grpo_pilot.models import Frozen
 
 
@@ -135,12 +146,6 @@ class Worker:
         import numpy as np
         import torch
 
-        from grpo_pilot.engine.actor import Actor
-        from grpo_pilot.engine.assemble import pick_device
-        from grpo_pilot.engine.device_memory import apply_allocator
-        from grpo_pilot.engine.model_factory import build_tokenizer
-        from grpo_pilot.engine.profiling import PhaseProfiler
-
         st, spec, topo = self.setup, self.spec, self.setup.topology
         if st.threads is not None:
             torch.set_num_threads(st.threads)
@@ -186,8 +191,6 @@ class Worker:
 
     def _build_policy(self) -> Any:
         """This worker's model: the plan's base, loaded 8/4-bit for a QLoRA trainer (engine/qlora.py, CUDA only)."""
-        from grpo_pilot.engine.model_factory import build_model
-        from grpo_pilot.engine.qlora import load_quantized
 
         st, adapter = self.setup, self.setup.actor.adapter
         if self.spec.trains and adapter is not None and adapter.base_quantization is not None:
@@ -215,9 +218,6 @@ class Worker:
     def _build_rollout(self, policy: Any, tokenizer: Any) -> Any:
         """The rollout engine: on the policy itself (hf, one unsharded worker) or on its own copy of the weights."""
         import torch
-
-        from grpo_pilot.engine.model_factory import build_model
-        from grpo_pilot.engine.rollout import build_rollout
 
         st, r = self.setup, self.setup.rollout
         on_policy = r.backend == "hf" and self.spec.trains and st.topology.train_world == 1 and not st.actor.offload
@@ -249,8 +249,6 @@ class Worker:
     @contextlib.contextmanager
     def _located(self, phase: str) -> Iterator[None]:
         """Errors raised inside name this worker, `phase` and the current step."""
-        from grpo_pilot.engine.failures import CrashError, OutOfMemoryRunError, is_out_of_memory
-        from grpo_pilot.errors import GrpoPilotError, InputError
 
         self.phase_name = phase
         where = dict(worker=self.spec.label, phase=phase, step=self.step)
@@ -294,14 +292,12 @@ class Worker:
 
     def _release(self, point: str) -> None:
         """The run's cache-release policy at `point` (engine/device_memory.py)."""
-        from grpo_pilot.engine.device_memory import release_cache
 
         release_cache(self.setup.release_cache, point, self.device)
 
     def sync_weights(self) -> None:
         """Colocated: gather the trainer's weights bucket by bucket into this worker's own rollout engine (or,
         generating on the trainer's module, refresh the rollout's bf16 copy of it)."""
-        from grpo_pilot.engine.weight_sync import buckets, policy_weights, stream
 
         self._release("before_weight_sync")  # before the phase: its peaks start from the released cache
         with self._phase("weight_sync"):
@@ -315,8 +311,6 @@ class Worker:
         """Split, on training ranks: take part in every gather; rank 0 puts each bucket into the object store."""
         import ray
 
-        from grpo_pilot.engine.weight_sync import buckets, policy_weights, to_host
-
         refs = []
         self._release("before_weight_sync")
         with self._phase("weight_sync"):
@@ -328,7 +322,6 @@ class Worker:
 
     def receive_weights(self, refs: list[Any]) -> None:
         """Split, on rollout workers: load the published buckets one at a time."""
-        from grpo_pilot.engine.weight_sync import from_object_store, stream
 
         self._release("before_weight_sync")
         with self._phase("weight_sync"):
@@ -362,7 +355,6 @@ class Worker:
     # -- checkpoints ---------------------------------------------------------------------------------
     def save_state(self, directory: str) -> None:
         """Training ranks write their shards (torch.distributed.checkpoint, collectively); every worker its RNG."""
-        from grpo_pilot.engine import dist_checkpoint
 
         with self._located("checkpoint"):
             if self.actor is not None:
@@ -370,7 +362,6 @@ class Worker:
             dist_checkpoint.save_rng(directory, self.spec.index)
 
     def load_state(self, directory: str) -> None:
-        from grpo_pilot.engine import dist_checkpoint
 
         with self._located("checkpoint"):
             if self.actor is not None:

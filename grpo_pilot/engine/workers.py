@@ -33,9 +33,12 @@ import time
 from collections.abc import Sequence
 from typing import Any, Iterator
 
+from grpo_pilot.engine.failures import CrashError, WorkerDiedError
 from grpo_pilot.engine.partition import balance_by_tokens, contiguous_chunks, replica_seed
+from grpo_pilot.engine.ray_cluster import connect, place_workers
 from grpo_pilot.engine.topology import Topology
 from grpo_pilot.engine.worker import Worker, WorkerInfo, WorkerSetup
+from grpo_pilot.errors import GrpoPilotError
 
 
 class WorkerGroup:
@@ -64,7 +67,6 @@ class WorkerGroup:
             group.infos = [group.handles[0].start(None, None)]
             group.current_phase = None
             return group
-        from grpo_pilot.engine.ray_cluster import connect, place_workers
 
         device_kind = "cpu" if setup.device == "cpu" else topo.device_kind  # a GPU plan needs GPU workers
         conn = connect(address, topo, device_kind)
@@ -118,9 +120,6 @@ class WorkerGroup:
     def _gather(self, refs: list[Any], indices: list[int]) -> list[Any]:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
-
-        from grpo_pilot.engine.failures import CrashError, WorkerDiedError
-        from grpo_pilot.errors import GrpoPilotError
 
         position = {ref: k for k, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)

@@ -23,10 +23,10 @@ from pydantic import Field, ValidationError, model_validator
 from grpo_pilot import __version__
 from grpo_pilot.atomic import atomic_write_text
 from grpo_pilot.errors import InputError
-from grpo_pilot.inputs import read_json_file, validation_problem
-from grpo_pilot.outputs import check_output_file
 from grpo_pilot.hardware.cluster import Cluster
+from grpo_pilot.inputs import JsonProblem, parse_json, read_json_file, validation_problem
 from grpo_pilot.models import Frozen
+from grpo_pilot.outputs import check_output_file
 from grpo_pilot.planner.config import Knobs, Target, Workload
 from grpo_pilot.planner.execution import Execution, execution_of
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS
@@ -186,7 +186,6 @@ class Plan(Frozen):
 
 def is_plan_file(path: str | Path) -> bool:
     """Whether `path` holds a plan.json (a JSON object with schema_version and knobs): what `--out` may replace."""
-    from grpo_pilot.inputs import JsonProblem, parse_json
 
     try:
         with open(path, "rb") as handle:

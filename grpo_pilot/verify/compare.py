@@ -20,6 +20,11 @@ from pydantic import Field
 
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.config import old_logprob_pass_needed
+from grpo_pilot.planner.estimate import estimate_memory
+from grpo_pilot.planner.memory.layout import layout_for
+from grpo_pilot.planner.memory.tokens import sequences_per_sp_group
+from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
 from grpo_pilot.verify.single_rank import CAST_LABEL
 from grpo_pilot.verify.traced import ActorTrace, PassTrace, trace_actor_step
@@ -168,10 +173,6 @@ def _unsupported(knobs: Any, target: str) -> list[str]:
 
 def trace_inputs(cluster: Any, workload: Any, knobs: Any) -> dict[str, Any]:
     """The sequences the trace feeds, from the plan's micro-batching (see `compare_with_analytic`)."""
-    from grpo_pilot.planner.config import old_logprob_pass_needed
-    from grpo_pilot.planner.traits import traits_for
-    from grpo_pilot.planner.memory.layout import layout_for
-    from grpo_pilot.planner.memory.tokens import sequences_per_sp_group
 
     layout = layout_for(cluster.num_nodes, cluster.gpus_per_node, knobs.placement, knobs.split_rollout_gpus_per_node)
     world = layout.trainer_gpus
@@ -211,7 +212,6 @@ def compare_with_analytic(
     """
     from grpo_pilot.engine.actor import LossSettings
     from grpo_pilot.engine.settings import ActorSettings
-    from grpo_pilot.planner.estimate import estimate_memory
 
     workload = workload.worst_case()
     inputs = trace_inputs(cluster, workload, knobs)

@@ -28,6 +28,7 @@ from pydantic import Field
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.profiles.spec import ModelSpec
+from grpo_pilot.verify.cuda_autocast import cuda_autocast_policy
 from grpo_pilot.verify.fake_trace import (
     gpu_attention_masks,
     hf_config_from_spec,
@@ -68,7 +69,6 @@ def trace_hf_decode(
     import torch
 
     from grpo_pilot.engine.rollout.decode import decode_batch
-    from grpo_pilot.verify.cuda_autocast import cuda_autocast_policy
 
     started = time.perf_counter()
     vocab = model_spec.vocab_size

@@ -42,6 +42,7 @@ from pydantic import Field
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.profiles.spec import ModelSpec
+from grpo_pilot.verify.cuda_autocast import cuda_autocast_policy
 from grpo_pilot.verify.fake_trace import (
     fake_process_group,
     gpu_attention_masks,
@@ -291,7 +292,6 @@ def _trace_unsharded(
     import torch
 
     from grpo_pilot.engine.actor import Actor
-    from grpo_pilot.verify.cuda_autocast import cuda_autocast_policy
 
     policy = cuda_autocast_policy() if numerics == "cuda" else contextlib.nullcontext()
     with tracker_adjustments(), host_sync_fake_mode(), policy:

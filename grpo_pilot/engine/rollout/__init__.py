@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from grpo_pilot.engine.rollout.hf import HFRollout
 from grpo_pilot.engine.rollout.protocol import BackendName, FinishReason, Generation, RolloutBackend, SamplingConfig
+from grpo_pilot.engine.rollout.vllm_backend import VLLMRollout
 from grpo_pilot.errors import InputError
 
 __all__ = ["BackendName", "FinishReason", "Generation", "RolloutBackend", "SamplingConfig", "build_rollout"]
@@ -44,8 +46,6 @@ def build_rollout(
     point with `if __name__ == "__main__":`.
     """
     if name == "hf":
-        from grpo_pilot.engine.rollout.hf import HFRollout
-
         if tensor_parallel_size != 1:
             raise InputError(
                 f"The hf rollout backend generates on the policy module itself; "
@@ -61,8 +61,6 @@ def build_rollout(
             decode=hf_decode,
         )
     if name == "vllm":
-        from grpo_pilot.engine.rollout.vllm_backend import VLLMRollout
-
         return VLLMRollout(
             model,
             tokenizer,

