@@ -108,8 +108,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _plan(a: argparse.Namespace, gpu: Any) -> Any:
     """Our plan: the shape on 1 GPU of this kind, hf rollout, one mini-batch, no KL, the same micro-batches."""
     from grpo_pilot.hardware import parse_cluster
-    from grpo_pilot.planner.config import Knobs, Workload
     from grpo_pilot.planner import PlanInputs, evaluate, model_ref
+    from grpo_pilot.planner.config import Knobs, Workload
     from grpo_pilot.profiles.catalog import resolve_model
 
     alias, ckpt = model_of(a)

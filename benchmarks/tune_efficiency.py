@@ -33,17 +33,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import optuna
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from rich.table import Table
 
 from grpo_pilot.atomic import atomic_write_text
 from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import load_plan, save_plan
-from grpo_pilot.tuner.display import knobs_text
 from grpo_pilot.planner.recheck import plan_inputs
+from grpo_pilot.tuner.display import knobs_text
 from grpo_pilot.tuner.prior import memory_limit
 from grpo_pilot.tuner.runner import Failure, SubprocessRunner, TrialOutcome, TrialRequest
 from grpo_pilot.tuner.space import TuneSpace, build_space, grid, knobs_at, params_of, point_key

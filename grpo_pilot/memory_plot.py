@@ -19,7 +19,6 @@ from grpo_pilot.atomic import atomic_write_bytes
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.plan import Plan
-
 from grpo_pilot.planner.rules import PHASE_ORDER
 
 GIB = float(1 << 30)

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from grpo_pilot.cli.plan import app, parse_pins
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.config import KNOB_KEYS
-from grpo_pilot.planner.rules import PLAN_PHASES as PHASES
 from grpo_pilot.planner.plan import load_plan
+from grpo_pilot.planner.rules import PLAN_PHASES as PHASES
 
 runner = CliRunner()
 FAST = ["--trials", "20"]

@@ -141,9 +141,8 @@ def _evaluate_launch(inputs: Any, knobs: Knobs, trials: int, seed: int) -> tuple
     """A launch evaluated exactly as given; when it does not fit, the suggestions and what a search of the
     same job on the same cluster would change (as verl overrides for a verl target)."""
     from grpo_pilot.planner.evaluate import assess
-    from grpo_pilot.planner.make_plan import to_plan
     from grpo_pilot.planner.export import verl_overrides
-    from grpo_pilot.planner.make_plan import make_plan
+    from grpo_pilot.planner.make_plan import make_plan, to_plan
     from grpo_pilot.planner.suggest import suggest
     from grpo_pilot.planner.support import require_supported
 

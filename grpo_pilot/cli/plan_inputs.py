@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpo_pilot.errors import InputError
-from grpo_pilot.inputs import read_input_text
 from grpo_pilot.hardware.cluster import Cluster, parse_cluster
 from grpo_pilot.hardware.gpus import lookup_gpu
+from grpo_pilot.inputs import read_input_text
 from grpo_pilot.planner.config import Workload
 from grpo_pilot.planner.lengths_file import LengthStats, read_lengths_jsonl, stats_of, workload_fields
 

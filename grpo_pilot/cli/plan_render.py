@@ -9,8 +9,8 @@ from rich.table import Table
 
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
-from grpo_pilot.planner.rules import phases_present
 from grpo_pilot.planner.plan import Plan
+from grpo_pilot.planner.rules import phases_present
 from grpo_pilot.profiles.catalog import SHORT_ALIASES, all_aliases, resolve_model
 from grpo_pilot.profiles.gguf import PACKAGED
 from grpo_pilot.units import GiB, MiB

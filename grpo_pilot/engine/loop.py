@@ -46,11 +46,10 @@ from grpo_pilot.engine.checkpoint import (
     restore_rng,
 )
 from grpo_pilot.engine.device_memory import allocator_report
+from grpo_pilot.engine.events import NoEvents, RunEvents
 from grpo_pilot.engine.failures import CrashError, Interrupted, failure_record
 from grpo_pilot.engine.finite import FLOAT32_HINT, NonFiniteError
-from grpo_pilot.engine.events import NoEvents, RunEvents
 from grpo_pilot.engine.notes import adapter_notes, run_notes
-from grpo_pilot.planner.adapters import adapters_modelled
 from grpo_pilot.engine.profiling import (
     AdapterReport,
     PhaseSample,
@@ -64,6 +63,7 @@ from grpo_pilot.engine.run_config import RunConfig, capped_threads, previous_con
 from grpo_pilot.engine.run_dir import RunDirectory, check_run_target
 from grpo_pilot.errors import GrpoPilotError, InputError
 from grpo_pilot.outputs import DirectoryLock, discard_created_dir, prepare_output_dir
+from grpo_pilot.planner.adapters import adapters_modelled
 from grpo_pilot.planner.plan import Plan
 
 

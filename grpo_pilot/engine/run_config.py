@@ -16,12 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tomllib
-from pathlib import Path
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from grpo_pilot.engine.data.callables import DEFAULT_USER_CODE_TIMEOUT_S

@@ -36,9 +36,9 @@ from grpo_pilot.planner.config import Knobs, Target, Workload
 from grpo_pilot.planner.constraints_base import Check
 from grpo_pilot.planner.constraints_base import check as _check
 from grpo_pilot.planner.constraints_base import rule as _rule
+from grpo_pilot.planner.family_constraints import data_parallel_divisor, family_checks, minimal_batch
 from grpo_pilot.planner.reports import MemoryReport
 from grpo_pilot.planner.roofline import pools
-from grpo_pilot.planner.family_constraints import data_parallel_divisor, family_checks, minimal_batch
 from grpo_pilot.planner.rules import heads_divisible, phases_present
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec

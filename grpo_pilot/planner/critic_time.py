@@ -28,8 +28,8 @@ from grpo_pilot.planner.train_side import (
     ADAM_BYTES_PER_PARAM,
     micro_loop_s,
     seqs_per_token_budget,
-    train_side,
     train_dispatch_s,
+    train_side,
 )
 from grpo_pilot.planner.traits import ExecutorTraits
 from grpo_pilot.profiles.spec import ModelSpec

@@ -32,6 +32,7 @@ from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.adapters import AdapterSettings, refuse, show, verl_adapter
 from grpo_pilot.planner.shell_words import read_script
+from grpo_pilot.planner.verl_batches import BatchSettings, micro_batches
 from grpo_pilot.planner.verl_families import (
     FAMILY_DEFAULTS,
     critic_knob_values,
@@ -41,7 +42,6 @@ from grpo_pilot.planner.verl_families import (
     megatron_knob_values,
     needs_critic,
 )
-from grpo_pilot.planner.verl_batches import BatchSettings, micro_batches
 from grpo_pilot.planner.verl_versions import CHANGES, VerlWindow, window
 
 ARR = "actor_rollout_ref."

@@ -23,7 +23,7 @@ from grpo_pilot.planner.config import Workload
 from grpo_pilot.planner.family_time import activation_offload_time_s, dequant_s
 from grpo_pilot.planner.memory.activation_offload import hf_layer_saved_tensor_bytes
 from grpo_pilot.planner.memory.lora import adapter_params, frozen_base_bytes, linear_dims
-from grpo_pilot.planner.memory.lora_plan import DEFAULT_LORA_RANK, lora_targets, base_bits
+from grpo_pilot.planner.memory.lora_plan import DEFAULT_LORA_RANK, base_bits, lora_targets
 from grpo_pilot.planner.memory.shape import shape_of
 from grpo_pilot.planner.roofline import TokenCost
 from grpo_pilot.profiles.spec import ModelSpec

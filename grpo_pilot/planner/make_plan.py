@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from grpo_pilot.planner.config import Knobs
+from grpo_pilot.planner.constraints import binding_constraint, violations
 from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, worst_case_memory
 from grpo_pilot.planner.execution import execution_of
 from grpo_pilot.planner.lengths import MEMORY_QUANTILE
 from grpo_pilot.planner.plan import Plan, Provenance
-from grpo_pilot.planner.config import Knobs
-from grpo_pilot.planner.constraints import binding_constraint, violations
 from grpo_pilot.planner.search import DEFAULT_TRIALS, search
 from grpo_pilot.planner.suggest import suggest
 from grpo_pilot.planner.support import require_supported

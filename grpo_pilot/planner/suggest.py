@@ -25,8 +25,8 @@ from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.hardware.gpus import GiB
 from grpo_pilot.planner.config import Workload
 from grpo_pilot.planner.constraints import violations
-from grpo_pilot.planner.lengths import std_bound
 from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, cheap_checks
+from grpo_pilot.planner.lengths import std_bound
 from grpo_pilot.planner.search import build_space, frugal_candidates
 
 UNLIMITED_HOST_RAM_BYTES = 1 << 50  # 1 PiB: "as much host RAM as it takes" for the host-RAM suggestion

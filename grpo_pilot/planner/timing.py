@@ -29,6 +29,7 @@ import math
 
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.planner.config import Knobs, Target, Workload, old_logprob_pass_needed
+from grpo_pilot.planner.critic_time import critic_flops_per_step, critic_times
 from grpo_pilot.planner.lengths import lengths_of
 from grpo_pilot.planner.lora_time import (
     LoraTime,
@@ -37,6 +38,7 @@ from grpo_pilot.planner.lora_time import (
     lora_time_terms,
     lora_training_cost,
 )
+from grpo_pilot.planner.megatron_time import megatron_times
 from grpo_pilot.planner.memory.precision import precision_for
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.reports import TimeReport
@@ -67,8 +69,6 @@ from grpo_pilot.planner.train_side import (
     train_dispatch_s,
     train_side,
 )
-from grpo_pilot.planner.critic_time import critic_flops_per_step, critic_times
-from grpo_pilot.planner.megatron_time import megatron_times
 from grpo_pilot.planner.traits import ExecutorTraits, traits_for
 from grpo_pilot.profiles.spec import ModelSpec
 from grpo_pilot.units import BF16_BYTES, FP32_BYTES

@@ -16,7 +16,6 @@ from grpo_pilot.errors import InputError
 from grpo_pilot.inputs import read_json_file
 from grpo_pilot.models import Frozen
 
-
 # Sanity bounds on config.json sizes: far above every published model (the largest dense models have
 # hidden 16384-25600, ~130 layers, 128 heads, vocabularies of ~256k, contexts of 10M tokens), low enough
 # that the estimates stay exact integers and an absurd or corrupted file is refused by name.

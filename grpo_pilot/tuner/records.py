@@ -19,8 +19,8 @@ from pydantic import Field
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.plan import Plan
-from grpo_pilot.tuner.prior import tensor_bytes
 from grpo_pilot.planner.rules import RUN_PHASES
+from grpo_pilot.tuner.prior import tensor_bytes
 from grpo_pilot.tuner.runner import TrialOutcome
 
 RecordStatus = Literal["ok", "oom", "worker_died", "crash", "timeout", "pruned"]

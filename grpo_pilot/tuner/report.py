@@ -26,8 +26,8 @@ from grpo_pilot.planner.adapters import adapters_modelled
 from grpo_pilot.planner.calibration import Calibration, save_calibration
 from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import Plan, save_plan
-from grpo_pilot.tuner.calibrate import fit_calibration
 from grpo_pilot.planner.recheck import plan_inputs
+from grpo_pilot.tuner.calibrate import fit_calibration
 from grpo_pilot.tuner.records import TrialRecord, trials_frame
 from grpo_pilot.tuner.space import adapter_at
 

@@ -7,13 +7,13 @@ import copy
 
 import pytest
 import torch
+from tiny_models import update_capturing_grads
 
 import grpo_pilot.engine.actor as actor_module
 from grpo_pilot.engine.actor import Actor, LossSettings, Sample, micro_batch_layout
 from grpo_pilot.engine.micro_batches import plan_micro_batches, split_by_padding
 from grpo_pilot.engine.model_factory import build_model
 from grpo_pilot.engine.settings import ActorSettings
-from tiny_models import update_capturing_grads
 
 torch.set_num_threads(1)
 TINY = "examples/tiny"
@@ -305,8 +305,9 @@ def test_update_reads_back_once_whatever_the_number_of_micro_batches(monkeypatch
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama"])
 @pytest.mark.parametrize("train", [False, True])
 def test_padded_hidden_is_the_decoders_own_forward(model_type, train):
-    from grpo_pilot.engine.actor import padded_hidden
     from tiny_models import tiny
+
+    from grpo_pilot.engine.actor import padded_hidden
 
     model = tiny(model_type)
     if train:  # checkpointed layers in train mode, as the update runs them

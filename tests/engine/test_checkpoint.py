@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_pilot.engine.dist_checkpoint import load_actor, save_actor
 from grpo_pilot.engine.checkpoint import (
     begin_checkpoint,
     capture_rng,
@@ -20,6 +19,7 @@ from grpo_pilot.engine.checkpoint import (
     load_checkpoint,
     restore_rng,
 )
+from grpo_pilot.engine.dist_checkpoint import load_actor, save_actor
 from grpo_pilot.engine.rng_state import load_rng_file
 from grpo_pilot.errors import InputError
 
@@ -155,9 +155,8 @@ def _load_worker_rng(path: Path) -> None:
 
 
 def test_a_planted_optimizer_item_never_runs(tmp_path):
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     marker = tmp_path / "owned"
     actor = _actor(1.0)

@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from grpo_pilot.engine.loop import checkpoint_due, run, sampling_seed
-from grpo_pilot.planner.plan import Plan
 from grpo_pilot.engine.run_config import RunConfig
 from grpo_pilot.errors import InputError
-from grpo_pilot.planner.plan import load_plan
+from grpo_pilot.planner.plan import Plan, load_plan
 
 torch.set_num_threads(1)
 PLAN = "examples/tiny/plan.json"

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from test_actor import make_samples, reference_logprobs
 
 from grpo_pilot.engine import qlora
 from grpo_pilot.engine.actor import Actor, LossSettings
@@ -18,7 +19,6 @@ from grpo_pilot.engine.settings import ActorSettings
 from grpo_pilot.engine.weight_sync import full_weights, policy_weights
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.adapters import AdapterSettings, flag_adapter
-from test_actor import make_samples, reference_logprobs
 
 torch.set_num_threads(1)
 TINY = "examples/tiny"

@@ -10,15 +10,15 @@ import json
 
 import pytest
 import torch
+from test_rollout_vllm import GREEDY, MAX_MODEL_LEN, TEXTS, TOK, ids_of, start, tiny_qwen2
 
-from grpo_pilot.engine.lora import attach_adapters
 from grpo_pilot.engine.loop import run
+from grpo_pilot.engine.lora import attach_adapters
 from grpo_pilot.engine.rollout.hf import HFRollout
 from grpo_pilot.engine.run_config import RunConfig
 from grpo_pilot.engine.weight_sync import policy_weights
 from grpo_pilot.planner.adapters import flag_adapter
 from grpo_pilot.planner.plan import load_plan
-from test_rollout_vllm import GREEDY, MAX_MODEL_LEN, TEXTS, TOK, ids_of, start, tiny_qwen2
 
 pytestmark = [
     pytest.mark.vllm,

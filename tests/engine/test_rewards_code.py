@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from grpo_pilot.engine.data import PromptRecord, load_prompts
-from grpo_pilot.engine.rewards import RewardSettings, SandboxLimits, build_reward, extract_code, run_tests
-from grpo_pilot.engine.rewards import isolation
+from grpo_pilot.engine.rewards import RewardSettings, SandboxLimits, build_reward, extract_code, isolation, run_tests
 from grpo_pilot.errors import InputError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"

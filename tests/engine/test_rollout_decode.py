@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
+from tiny_models import VOCAB, tiny
 
 import grpo_pilot.engine.rollout.decode as decode_module
 from grpo_pilot.engine.rollout.decode import decode_batch, left_pad, sample_next
 from grpo_pilot.engine.rollout.llama_step import LlamaDecodeStep, unsupported_reason
-from tiny_models import VOCAB, tiny
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [5, 6, 7, 8, 9], [20, 21, 22, 23, 24, 25, 26], [11, 12]]
 

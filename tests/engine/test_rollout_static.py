@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_models import VOCAB, tiny
 
 import grpo_pilot.engine.rollout.cuda_graphs as cuda_graphs
 import grpo_pilot.engine.rollout.static_decode as static_decode
@@ -18,7 +19,6 @@ from grpo_pilot.engine.rollout.hf import HFRollout, resolve_decode
 from grpo_pilot.engine.rollout.llama_step import LlamaDecodeStep
 from grpo_pilot.engine.rollout.static_decode import decode_static
 from grpo_pilot.engine.rollout.static_step import DecodeWeights, StaticStep, table_unsupported
-from tiny_models import VOCAB, tiny
 
 torch.set_num_threads(1)
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [5, 6, 7, 8, 9], [20, 21, 22, 23, 24, 25, 26], [11, 12]]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import VOCAB, tiny, update_capturing_grads
 
 from grpo_pilot.engine.actor import Actor, LossSettings, Sample
-from grpo_pilot.engine.shared_prefix import prefix_batch, shared_prefix_unsupported
 from grpo_pilot.engine.settings import ActorSettings
-from tiny_models import VOCAB, tiny, update_capturing_grads
+from grpo_pilot.engine.shared_prefix import prefix_batch, shared_prefix_unsupported
 
 torch.set_num_threads(1)
 

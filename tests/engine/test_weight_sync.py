@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from grpo_pilot.engine.weight_sync import buckets, full_weights, stream
 from grpo_pilot.engine.model_factory import build_model
+from grpo_pilot.engine.weight_sync import buckets, full_weights, stream
 
 
 def test_buckets_keep_order_and_respect_the_size():

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hostile_helpers import assert_refused, invoke
 
 from grpo_pilot.cli.plan import app
-
-from hostile_helpers import assert_refused, invoke
 
 VERL_HEAD = (
     "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.model.path=qwen2.5-0.5b "

@@ -6,10 +6,9 @@ import json
 import os
 
 import pytest
+from hostile_helpers import TINY_MODEL_FLAGS, assert_refused, invoke
 
 from grpo_pilot.cli.plan import app
-
-from hostile_helpers import TINY_MODEL_FLAGS, assert_refused, invoke
 
 BASE_CFG = {
     "model_type": "llama",

@@ -21,8 +21,7 @@ from grpo_pilot.planner.calibration import (
 )
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.evaluate import PlanInputs, model_ref
-from grpo_pilot.planner.make_plan import evaluate
-from grpo_pilot.planner.make_plan import make_plan
+from grpo_pilot.planner.make_plan import evaluate, make_plan
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS
 from grpo_pilot.profiles import resolve_model
 

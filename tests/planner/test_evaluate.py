@@ -8,10 +8,10 @@ import pytest
 
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner.config import Knobs, Workload
-from grpo_pilot.planner.rules import PLAN_PHASES as PHASES
 from grpo_pilot.planner.evaluate import DEFAULT_HEADROOM_FRACTION, PlanInputs, assess, model_ref
 from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import load_plan, save_plan
+from grpo_pilot.planner.rules import PLAN_PHASES as PHASES
 from grpo_pilot.profiles import resolve_model
 
 

@@ -10,8 +10,8 @@ import pytest
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.evaluate import PlanInputs, model_ref
-from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.export import trl_config_text, trl_settings, verl_command, verl_overrides
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.profiles import resolve_model
 
 # reference/verl-config.md "What the tool must emit": the minimum set of a runnable GRPO command.

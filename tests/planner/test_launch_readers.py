@@ -8,10 +8,10 @@ from grpo_pilot.errors import InputError
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.evaluate import PlanInputs, model_ref
-from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.export import trl_settings, verl_command, verl_overrides
 from grpo_pilot.planner.from_trl import read_trl, trl_launch
 from grpo_pilot.planner.from_verl import read_verl, verl_launch
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.shell_words import arithmetic, read_script
 from grpo_pilot.profiles import resolve_model
 

@@ -20,9 +20,10 @@ def test_unfused_cpu_and_gpu_temporaries() -> None:
 
 
 def test_engine_actor_uses_fused_adamw_on_cpu() -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
     from grpo_pilot.engine.actor import Actor
     from grpo_pilot.engine.settings import ActorSettings
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     net = Qwen2ForCausalLM(

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from grpo_pilot.planner.train_side import seqs_per_token_budget
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner import timing as T
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.memory.activations import layer_activation_bytes_per_token
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS as COEF
 from grpo_pilot.planner.timing import estimate_time
+from grpo_pilot.planner.train_side import seqs_per_token_budget
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles import resolve_model
 

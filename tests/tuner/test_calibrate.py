@@ -12,9 +12,9 @@ from tune_helpers import TINY_PLAN, tiny_plan
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.calibration import calibrated
 from grpo_pilot.planner.make_plan import evaluate
+from grpo_pilot.planner.recheck import plan_inputs
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS
 from grpo_pilot.tuner.calibrate import fit_calibration, prediction_factor, trial_workload
-from grpo_pilot.planner.recheck import plan_inputs
 from grpo_pilot.tuner.records import TrialRecord, build_record
 from grpo_pilot.tuner.runner import PhaseMeasurement, TrialOutcome
 from grpo_pilot.tuner.space import build_space, grid, knobs_at

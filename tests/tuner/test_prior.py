@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tune_helpers import gpu_plan, tiny_plan
 
-from grpo_pilot.planner.make_plan import make_plan
+from grpo_pilot.planner.make_plan import evaluate, make_plan
 from grpo_pilot.planner.recheck import plan_inputs
 from grpo_pilot.tuner.prior import (
     MAX_RANKED,
@@ -20,7 +20,6 @@ from grpo_pilot.tuner.prior import (
     seed_points,
     tensor_bytes,
 )
-from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.tuner.space import build_space, knobs_at, params_of
 
 

@@ -7,9 +7,9 @@ import pytest
 from tune_helpers import failed, measured, tiny_plan
 
 from grpo_pilot.planner.calibration import load_calibration
+from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.planner.plan import load_plan
 from grpo_pilot.planner.recheck import plan_inputs
-from grpo_pilot.planner.make_plan import evaluate
 from grpo_pilot.tuner.records import build_record
 from grpo_pilot.tuner.report import best_record, pareto_front, write_outputs
 from grpo_pilot.tuner.space import build_space, knobs_at

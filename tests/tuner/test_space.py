@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from tune_helpers import gpu_plan, tiny_plan
+
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.tuner.space import build_space, grid, knobs_at, params_of, point_key
-
-from tune_helpers import gpu_plan, tiny_plan
 
 
 def test_cpu_hf_space_has_no_gpu_only_knobs():

@@ -29,7 +29,6 @@ from grpo_pilot.engine.rewards.text import (
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 
-
 SCORE_BOUND = 1.0  # every built-in scores within [-1, 1]: see each scorer in text.py and code.py
 
 

@@ -24,10 +24,9 @@ alive; PyTorch docs, notes/cuda.rst "Graph memory management").
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
-
-import warnings
 
 import torch
 

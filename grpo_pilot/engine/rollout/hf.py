@@ -47,8 +47,8 @@ import torch
 
 from grpo_pilot.engine.rollout.completion import check_prompts, eos_token_ids, finish_completion, make_decoder
 from grpo_pilot.engine.rollout.decode import decode_batch
-from grpo_pilot.engine.rollout.protocol import Generation, SamplingConfig
 from grpo_pilot.engine.rollout.llama_step import unsupported_reason
+from grpo_pilot.engine.rollout.protocol import Generation, SamplingConfig
 from grpo_pilot.engine.rollout.static_decode import decode_static
 from grpo_pilot.engine.rollout.static_step import DecodeWeights, table_unsupported
 from grpo_pilot.errors import InputError, RunError

@@ -42,8 +42,8 @@ from grpo_pilot.planner.memory.activations import (
     saved_activation_bytes,
 )
 from grpo_pilot.planner.memory.fsdp import gathered_layers_bytes, layer_reduce_scatter_bytes, root_grad_bytes
-from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
 from grpo_pilot.planner.memory.model_states import actor_state_bytes
+from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
 from grpo_pilot.planner.memory.optimizer import adam_step_temporary_bytes
 from grpo_pilot.planner.memory.shape import TransformerShape
 from grpo_pilot.units import FP32_BYTES

@@ -18,9 +18,9 @@ as vLLM's sleep level 2 does.
 
 from __future__ import annotations
 
+from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
 from grpo_pilot.planner.memory.sglang_budget import sglang_budget
 from grpo_pilot.planner.memory.vllm_budget import VllmBudget, forward_bytes_per_token
-from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
 from grpo_pilot.planner.overheads import Overheads
 from grpo_pilot.profiles.spec import ModelSpec
 
