@@ -2,7 +2,7 @@
 
 - `lengths.jsonl`: one JSON object per generated sample, `{"prompt_tokens": int, "response_tokens": int}`
   (extra keys such as `step` are ignored) — what `grpo-run` writes to its output directory.
-- a dataset's prompts, measured with a tokenizer (cli_plan.py does the tokenizing, through the engine's
+- a dataset's prompts, measured with a tokenizer (cli/plan_inputs.py does the tokenizing, through the engine's
   own loader and renderer): prompt lengths only.
 
 `LengthStats` summarises either; `workload_fields` turns it into `Workload` fields (means, standard
