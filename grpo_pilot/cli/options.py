@@ -87,13 +87,13 @@ class Rule:
     hint: str
 
 
-def exclusive(args_type: type, a: str, b: str, why: str, hint: str = "Use one of them.") -> Rule:
+def exclusive(args_type: type, a: str, b: str, *, why: str, hint: str = "Use one of them.") -> Rule:
     """`a` and `b` cannot be given together."""
     names = f"{flag_name(args_type, a)} and {flag_name(args_type, b)}"
     return Rule(lambda x: given(getattr(x, a)) and given(getattr(x, b)), lambda x: f"{names} {why}.", hint)
 
 
-def requires(args_type: type, name: str, needs: Iterable[str], why: str, hint: str) -> Rule:
+def requires(args_type: type, name: str, needs: Iterable[str], *, why: str, hint: str) -> Rule:
     """`name` only applies when one of `needs` is given."""
     needed = tuple(needs)
     return Rule(

@@ -181,20 +181,28 @@ def _missing_model_or_gpus(a: PlanArgs) -> str:
 
 RULES: tuple[Rule, ...] = (
     choice(PlanArgs, "target", TARGETS),
-    exclusive(PlanArgs, "from_verl", "from_trl", "both name the configuration"),
+    exclusive(PlanArgs, "from_verl", "from_trl", why="both name the configuration"),
     choice(PlanArgs, "emit", EMITS),
     exclusive(
-        PlanArgs, "emit", "json_out", "both want stdout", "Use --json --out plan.json, then run again with --emit."
+        PlanArgs,
+        "emit",
+        "json_out",
+        why="both want stdout",
+        hint="Use --json --out plan.json, then run again with --emit.",
     ),
     requires(
-        PlanArgs, "script_args", ["from_verl"], "applies to a --from-verl launch script", "Add --from-verl SCRIPT."
+        PlanArgs,
+        "script_args",
+        ["from_verl"],
+        why="applies to a --from-verl launch script",
+        hint="Add --from-verl SCRIPT.",
     ),
     requires(
         PlanArgs,
         "override",
         ["from_verl", "from_trl"],
-        "applies to a --from-verl or --from-trl file",
-        "Use --pin KEY=VALUE for knobs.",
+        why="applies to a --from-verl or --from-trl file",
+        hint="Use --pin KEY=VALUE for knobs.",
     ),
     choice(PlanArgs, "algorithm", ALGORITHMS),
     choice(PlanArgs, "compare", ALGORITHMS),
@@ -203,8 +211,8 @@ RULES: tuple[Rule, ...] = (
         lambda a: "--compare plans the other algorithm beside --algorithm from --model/--gpus; it prints tables only.",
         "Drop --from-verl/--from-trl and --json, and compare grpo with ppo.",
     ),
-    exclusive(PlanArgs, "calibration", "no_calibration", "contradict each other"),
-    exclusive(PlanArgs, "lengths", "lengths_from", "both set the lengths"),
+    exclusive(PlanArgs, "calibration", "no_calibration", why="contradict each other"),
+    exclusive(PlanArgs, "lengths", "lengths_from", why="both set the lengths"),
     Rule(
         lambda a: given(a.lengths_from) and not a.tokenizer,
         lambda a: "--lengths-from needs --tokenizer DIR to count tokens.",

@@ -114,8 +114,8 @@ def verdict_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def render(plan: Plan, console: Console, pins: dict[str, Any], notes: Iterable[str] = ()) -> None:
-    """The human view: header, lengths, verdict, knobs, memory by phase and item, host RAM, step time."""
+def _header(plan: Plan, console: Console, notes: Iterable[str]) -> None:
+    """Model and cluster, workload, lengths, notes, the verdict and how the knobs were found."""
     m, c = plan.model, plan.cluster
     alias = f"'{m.requested}' resolved to {m.resolved}" + (f" ({m.hub_id})" if m.hub_id else "")
     console.print(
@@ -144,6 +144,8 @@ def render(plan: Plan, console: Console, pins: dict[str, Any], notes: Iterable[s
     for line in lines[1:]:
         console.print(line)
 
+
+def _knobs_table(plan: Plan, pins: dict[str, Any]) -> Table:
     defaults = Knobs()
     knobs = Table(title="knobs")
     for col in ("knob", "value", "verl default", "source"):
@@ -152,8 +154,12 @@ def render(plan: Plan, console: Console, pins: dict[str, Any], notes: Iterable[s
         value, default = getattr(plan.knobs, key), getattr(defaults, key)
         source = "pinned" if key in pins else ("" if value == default else "searched")
         knobs.add_row(key, str(value), str(default), source)
-    console.print(knobs)
+    return knobs
 
+
+def _memory_table(plan: Plan) -> Table:
+    """Memory per phase on one device, item by item, with totals, the worst case and the share of usable."""
+    c = plan.cluster
     shown = phases_present(plan.phases)  # a PPO plan adds the critic's values and critic_update
     unit = _mem_unit(max(plan.phases[ph].total_bytes for ph in shown))
     device = "CPU" if c.gpu.is_cpu else "GPU"
@@ -174,8 +180,10 @@ def render(plan: Plan, console: Console, pins: dict[str, Any], notes: Iterable[s
         mem.add_row("worst case (all at max)", *[_in(plan.worst_case_phases.get(ph, 0), unit) for ph in shown])
     mem.add_row("usable", *[_in(plan.usable_gpu_bytes, unit)] * len(shown))
     mem.add_row("share of usable", *[f"{plan.phases[ph].total_bytes / plan.usable_gpu_bytes:.0%}" for ph in shown])
-    console.print(mem)
+    return mem
 
+
+def _host_table(plan: Plan) -> Table:
     host_unit = _mem_unit(plan.host.total_bytes)
     host = Table(title=f"host RAM per node ({host_unit[0]}, of {gib(plan.host_ram_bytes_per_node)} GiB)")
     host.add_column("item")
@@ -185,18 +193,27 @@ def render(plan: Plan, console: Console, pins: dict[str, Any], notes: Iterable[s
             host.add_row(name, _in(value, host_unit))
     host.add_section()
     host.add_row("[bold]total[/bold]", f"[bold]{_in(plan.host.total_bytes, host_unit)}[/bold]")
-    console.print(host)
+    return host
 
+
+def _time_table(plan: Plan) -> Table:
     time = Table(title="step time (expected lengths)")
     time.add_column("phase")
     time.add_column("seconds", justify="right")
     time.add_column("share", justify="right")
-    for phase in shown:
+    for phase in phases_present(plan.phases):
         s = plan.phase_times_s[phase]
         time.add_row(phase, secs(s), f"{s / plan.predicted_step_s:.0%}" if plan.predicted_step_s else "")
     time.add_section()
     time.add_row("[bold]step[/bold]", f"[bold]{secs(plan.predicted_step_s)}[/bold]", "")
-    console.print(time)
+    return time
+
+
+def render(plan: Plan, console: Console, pins: dict[str, Any], notes: Iterable[str] = ()) -> None:
+    """The human view: header, lengths, verdict, knobs, memory by phase and item, host RAM, step time."""
+    _header(plan, console, notes)
+    for table in (_knobs_table(plan, pins), _memory_table(plan), _host_table(plan), _time_table(plan)):
+        console.print(table)
     console.print(
         f"throughput {plan.tokens_per_s:,.0f} tokens/s (cluster) · MFU {plan.mfu:.1%} · "
         f"KV cache {plan.kv_cache_tokens_per_gpu:,} tokens/GPU · {plan.max_concurrent_seqs} concurrent "
