@@ -71,7 +71,11 @@ def test_default_location_applies_or_is_skipped_with_a_note(tmp_path, monkeypatc
 
 @pytest.mark.parametrize(
     "content, needle",
-    [("{not json", "is not usable JSON: not valid JSON"), ('{"a": 1}', "not a grpo-pilot calibration file"), (None, "No calibration")],
+    [
+        ("{not json", "is not usable JSON: not valid JSON"),
+        ('{"a": 1}', "not a grpo-pilot calibration file"),
+        (None, "No calibration"),
+    ],
 )
 def test_bad_calibration_file_is_exit_2(tmp_path, content, needle):
     path = tmp_path / "cal.json"

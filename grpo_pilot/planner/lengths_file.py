@@ -54,7 +54,8 @@ def _count(value: Any, key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQUENCE_TOKENS:
         shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}… ({len(repr(value))} characters)"
         raise InputError(
-            f"{where}: '{key}' must be an integer token count from 0 to {MAX_SEQUENCE_TOKENS:,}, got {shown}.",
+            f"{where}: '{key}' must be a non-negative integer token count of at most {MAX_SEQUENCE_TOKENS:,}, "
+            f"got {shown}.",
             'Each line of a lengths file is {"prompt_tokens": int, "response_tokens": int} (grpo-run writes '
             "lengths.jsonl in its output directory).",
         )

@@ -57,7 +57,9 @@ def test_huge_length_in_a_lengths_file(tmp_path, field):
     path = tmp_path / "lengths.jsonl"
     row = {"prompt_tokens": 10, "response_tokens": 20}
     path.write_text(json.dumps(row).replace(f'"{field}": {row[field]}', f'"{field}": {HUGE}') + "\n")
-    assert_refused(invoke(app, [*GPU, "--lengths", path]), 2, f"'{field}' must be an integer token count", "…")
+    assert_refused(
+        invoke(app, [*GPU, "--lengths", path]), 2, f"'{field}' must be a non-negative integer token count", "…"
+    )
 
 
 def _calibration_cases(root: Path) -> dict[str, tuple[Path, str]]:
