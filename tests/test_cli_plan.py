@@ -176,6 +176,36 @@ def test_usage_errors_exit_2(args: list[str], expected: str) -> None:
     assert "Traceback" not in r.stderr
 
 
+V = ["--from-verl", "tests/planner/real_runs/verl_examples/run_qwen2-7b.sh", "--gpus", "H100"]
+RULE_CASES = [
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--target", "deepspeed"], "Unknown --target 'deepspeed'"),
+    ([*V, "--from-trl", "x.yaml"], "--from-verl and --from-trl both name the configuration"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--emit", "axolotl"], "Unknown --emit 'axolotl'"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--emit", "verl", "--json"], "--emit and --json both want stdout"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--script-args", "-x"], "--script-args applies to a --from-verl"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--override", "a=1"], "--override applies to a --from-verl or"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--calibration", "c.json", "--no-calibration"], "contradict"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--lengths", "a", "--lengths-from", "b"], "both set the lengths"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--lengths-from", "b"], "--lengths-from needs --tokenizer"),
+    (["--from-trl", "x.yaml"], "--from-trl needs --gpus"),
+    ([*V, "--n", "4", "--kl"], "--n, --kl/--no-kl conflict with the launch file"),
+    (["--model", "qwen-7b"], "--gpus is required"),
+    ([], "--model and --gpus are required"),
+]
+
+
+@pytest.mark.parametrize("args,expected", RULE_CASES, ids=[c[1][:30] for c in RULE_CASES])
+def test_each_flag_rule_is_one_paragraph(args: list[str], expected: str) -> None:
+    """Every row of plan_flags.RULES refuses its case before any work, naming the flags."""
+    from grpo_pilot.cli.plan_flags import RULES
+
+    # the last two cases are one rule; --seed, --headroom-gib and --plot: tests/hostile/test_inputs_hostile.py
+    assert len(RULES) == len(RULE_CASES) - 1 + 3
+    r = run(*args)
+    assert r.exit_code == 2 and r.stderr.startswith("error: ") and expected in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stdout == ""
+
+
 def test_typer_level_usage_errors_exit_2() -> None:
     assert run("--model", "qwen-7b", "--gpus", "8xH100", "--n", "0").exit_code == 2
     assert run("--model", "qwen-7b", "--gpus", "8xH100", "--bogus").exit_code == 2

@@ -200,8 +200,7 @@ def _launch(
     else:
         from grpo_pilot.planner.from_trl import read_trl
 
-        if not args.gpus:
-            raise InputError("--from-trl needs --gpus (a TRL config does not name the GPUs).", "e.g. --gpus 8xH100.")
+        assert args.gpus  # RULES
         cluster = _cluster(args.gpus, host_bytes)
         text = read_text(str(args.from_trl), "TRL config")
         trl = read_trl(text, cluster.world_size, args.override, cluster.num_nodes)

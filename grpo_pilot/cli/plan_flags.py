@@ -239,6 +239,13 @@ RULES: tuple[Rule, ...] = (
         "Change the file, or pass --override; lengths' means and spreads may be given, and --pin sets what a launch "
         "file cannot say (e.g. vllm_engine, vllm_memory).",
     ),
+    requires(
+        PlanArgs,
+        "from_trl",
+        ["gpus"],
+        why="needs --gpus (a TRL config does not name the GPUs)",
+        hint="e.g. --gpus 8xH100.",
+    ),
     Rule(
         lambda a: bool(a.launch) and a.adapter_flags,
         lambda a: "--lora-* and --quantize-base conflict with a launch file.",

@@ -15,6 +15,7 @@ Exit status: 0 with at least one measured trial; 1 when no trial could be measur
 from __future__ import annotations
 
 import importlib.util
+import math
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_pilot.cli.options import argument, command, console, flag
+from grpo_pilot.cli.options import Rule, argument, check_rules, command, console, flag, flag_name
 from grpo_pilot.errors import InputError, RunError
 from grpo_pilot.outputs import DirectoryLock, discard_created_dir, prepare_output_dir
 
@@ -158,13 +159,30 @@ class TuneArgs:
     )
 
 
+def _missing_for_trials(a: TuneArgs) -> list[str]:
+    return [] if a.calibrate_only else [flag_name(TuneArgs, f) for f in ("config", "trials") if getattr(a, f) is None]
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        lambda a: bool(_missing_for_trials(a)),
+        lambda a: f"grpo-tune needs {' and '.join(_missing_for_trials(a))} to run trials.",
+        "Or pass --calibrate-only to fit from a study.",
+    ),
+    Rule(
+        lambda a: not math.isfinite(a.trial_timeout),
+        lambda a: f"--trial-timeout {a.trial_timeout} is not a finite number of seconds.",
+        "Give the seconds a trial may take, start-up included (default 900).",
+    ),
+)
+
+
 def _check_args(args: TuneArgs) -> int | None:
     """Usage checks before anything is written; the run config's memory cap (None with --calibrate-only)."""
+    check_rules(args, RULES)
     if args.calibrate_only:
         return None
-    if args.config is None or args.trials is None:
-        missing = " and ".join(f for f, v in (("--config", args.config), ("--trials", args.trials)) if v is None)
-        raise InputError(f"grpo-tune needs {missing} to run trials.", "Or pass --calibrate-only to fit from a study.")
+    assert args.config is not None  # RULES
     _require_engine()
     return _memory_cap(args.config)
 

@@ -66,6 +66,13 @@ def test_bad_storage(tmp_path):
     assert_input_error(result, "Cannot open the study storage 'nodb://x'", "SQLAlchemy URL")
 
 
+@pytest.mark.parametrize("value", ["inf"])  # nan: typer's own range check refuses it
+def test_trial_timeout_must_be_finite(tmp_path, value):
+    args = ["--config", TINY_CONFIG, "--trials", "2", "--trial-timeout", value, "--out", str(tmp_path)]
+    result = invoke(TINY_PLAN, *args)
+    assert_input_error(result, f"--trial-timeout {value} is not a finite number of seconds")
+
+
 def test_usage_limits(tmp_path):
     for args in (["--trials", "0"], ["--trials", "2", "--steps-per-trial", "2"]):
         result = invoke(TINY_PLAN, "--config", TINY_CONFIG, "--out", str(tmp_path), *args)
