@@ -189,6 +189,8 @@ RULE_CASES = [
     (["--model", "qwen-7b", "--gpus", "8xH100", "--lengths-from", "b"], "--lengths-from needs --tokenizer"),
     (["--from-trl", "x.yaml"], "--from-trl needs --gpus"),
     ([*V, "--n", "4", "--kl"], "--n, --kl/--no-kl conflict with the launch file"),
+    ([*V, "--lora-rank", "8"], "--lora-* and --quantize-base conflict with a launch file"),
+    (["--model", "qwen-7b", "--gpus", "8xH100", "--lora-alpha", "16"], "need --lora-rank"),
     (["--model", "qwen-7b"], "--gpus is required"),
     ([], "--model and --gpus are required"),
 ]

@@ -43,7 +43,7 @@ def lines(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("lora") / "run"
-    run(load_plan(PLAN), RunConfig(output_dir=str(out), steps=STEPS, **SETTINGS), quiet=True)
+    run(load_plan(PLAN), RunConfig(output_dir=str(out), steps=STEPS, **SETTINGS))
     return out
 
 
@@ -75,8 +75,8 @@ def test_checkpoints_hold_the_adapters_and_their_optimizer_states_only(straight)
 @pytest.mark.slow
 def test_resume_is_exact(straight, tmp_path):
     out = tmp_path / "resumed"
-    run(load_plan(PLAN), RunConfig(output_dir=str(out), steps=STEPS // 2, **SETTINGS), quiet=True)
-    run(load_plan(PLAN), RunConfig(output_dir=str(out), steps=STEPS, resume=True, **SETTINGS), quiet=True)
+    run(load_plan(PLAN), RunConfig(output_dir=str(out), steps=STEPS // 2, **SETTINGS))
+    run(load_plan(PLAN), RunConfig(output_dir=str(out), steps=STEPS, resume=True, **SETTINGS))
     got, want = lines(out / "metrics.jsonl"), lines(straight / "metrics.jsonl")
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     assert [r["prompt_indices"] for r in got] == [r["prompt_indices"] for r in want]
@@ -116,5 +116,5 @@ def test_a_qlora_plan_is_refused_on_this_cpu_before_anything_starts(tmp_path):
     path = save_plan(qlora, tmp_path / "plan-qlora.json")
     out = tmp_path / "run"
     with pytest.raises(InputError, match="needs bitsandbytes' CUDA kernels; this run is on the CPU"):
-        run(load_plan(path), RunConfig(output_dir=str(out), steps=1, **SETTINGS), quiet=True)
+        run(load_plan(path), RunConfig(output_dir=str(out), steps=1, **SETTINGS))
     assert not out.exists()  # nothing written

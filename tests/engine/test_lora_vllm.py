@@ -63,7 +63,7 @@ def test_the_lora_example_runs_with_the_vllm_rollout(tmp_path):
     out = tmp_path / "run"
     settings = dict(dataset="examples/tiny/prompts.jsonl", reward="char_fraction:char=a", lr=1e-2, temperature=0.2)
     cfg = RunConfig(output_dir=str(out), steps=4, threads=1, rollout_backend="vllm", **settings)
-    run(load_plan("examples/tiny/plan-lora.json"), cfg, quiet=True)
+    run(load_plan("examples/tiny/plan-lora.json"), cfg)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["grad_norm"] > 0 for r in rows)
     profile = json.loads((out / "profile.json").read_text())
