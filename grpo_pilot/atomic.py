@@ -45,13 +45,11 @@ def refuse_non_regular(target: Path) -> None:
 
 def _umask() -> int:
     """The process umask, read without changing it (Linux /proc; elsewhere set and restored at once)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         with open("/proc/self/status", encoding="ascii") as handle:
             for line in handle:
                 if line.startswith("Umask:"):
                     return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -27,10 +27,10 @@ class NoEvents:
     """`RunEvents` that shows nothing."""
 
     def begin(self, start_step: int, total_steps: int) -> None:
-        pass
+        """Nothing to show."""
 
     def step_finished(self, record: dict[str, Any]) -> None:
-        pass
+        """Nothing to show."""
 
     def note(self, text: str) -> None:
-        pass
+        """Nothing to show."""
