@@ -23,7 +23,7 @@ from grpo_pilot.models import Frozen
 from grpo_pilot.planner.constraints import violations
 from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess
 from grpo_pilot.planner.plan import Plan
-from grpo_pilot.planner.rules import PLAN_PHASES
+from grpo_pilot.planner.rules import phases_present
 
 # The estimate is deterministic: an untouched plan of this version reproduces its numbers exactly. 10%
 # leaves room for small model changes between versions; a hand edit of the workload moves them far more.
@@ -89,9 +89,9 @@ def _mismatch(plan: Plan, a: Assessment) -> str | None:
             f"peak memory {_size(recorded)} in the file, {_size(now)} from its inputs; step time "
             f"{plan.predicted_step_s:.3g} s in the file, {a.time.step_s:.3g} s from its inputs"
         )
-    for phase in PLAN_PHASES:
-        file_tensors = tensor_bytes(plan.phases[phase].items)
-        input_tensors = tensor_bytes(a.memory.phases[phase].items)
+    for phase in phases_present(set(plan.phases) | set(a.memory.phases)):  # a PPO plan adds the critic's
+        file_tensors = tensor_bytes(plan.phases[phase].items) if phase in plan.phases else 0
+        input_tensors = tensor_bytes(a.memory.phases[phase].items) if phase in a.memory.phases else 0
         if _differs(file_tensors, input_tensors):
             return f"{phase} tensors {_size(file_tensors)} in the file, {_size(input_tensors)} from its inputs"
     return None
