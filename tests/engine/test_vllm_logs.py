@@ -28,7 +28,10 @@ def test_every_known_line_has_its_kind_and_others_none():
     assert harmless_kind("CUDA out of memory while allocating the KV cache") is None
 
 
-def test_file_keeps_the_first_of_each_kind_and_console_sees_only_the_rest(tmp_path):
+def test_file_keeps_the_first_of_each_kind_and_console_sees_only_the_rest(tmp_path, monkeypatch):
+    # importing TRL (tests/engine/test_trl_parity.py) sets VLLM_LOGGING_LEVEL=ERROR for the whole process
+    # (trl/_compat.py); the level VllmLog installs is that variable's, so the test runs at vLLM's default
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     console = io.StringIO()
     log = VllmLog(tmp_path / "vllm.log", console=console).install()
     logger = logging.getLogger(f"{VLLM_LOGGER}.model_executor.model_loader.reload.layerwise")
