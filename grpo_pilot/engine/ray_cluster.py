@@ -10,7 +10,7 @@ Ray is imported here only, lazily (`import grpo_pilot.planner` or a one-worker r
   the machine's cores, so `4xcpu` runs on a 2-core laptop: CPU workers then share cores) and the
   machine's GPUs; no dashboard; Ray's own logging at ERROR and the workers' stdout/stderr not
   forwarded (the run's errors come back as exceptions, not as log lines).
-- `--address auto` or `HOST:PORT`: join a cluster started with `ray start` (README: multi-node).
+- `--address auto` or `HOST:PORT`: join a cluster started with `ray start` (docs/run.md).
 - Resources are checked before anything is placed: a cluster with fewer GPUs (or CPUs) than the plan
   has workers is refused with what it has and what the plan needs; so is a GPU node layout that
   cannot hold the plan's nodes (its GPUs per node).
@@ -90,7 +90,7 @@ def connect(address: str | None, topology: Topology, device_kind: str) -> RayCon
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise InputError(
                 f"Cannot join the Ray cluster at '{address}' ({exc}).",
-                "Start it with `ray start --head` (README: multi-node), or leave --address out to start a local one.",
+                "Start it with `ray start --head` (docs/run.md), or leave --address out to start a local one.",
             ) from None
         conn = RayConnection(started=False, address=address)
     else:
@@ -119,7 +119,7 @@ def _probe(address: str) -> None:
     except OSError as exc:
         raise InputError(
             f"Cannot join the Ray cluster at '{address}' (nothing answers there: {exc}).",
-            "Start it with `ray start --head` (README: multi-node), or leave --address out to start a local one.",
+            "Start it with `ray start --head` (docs/run.md), or leave --address out to start a local one.",
         ) from None
 
 

@@ -1,5 +1,5 @@
 """grpo-run's engine against hostile input: code tests it cannot judge, forged rewards, poisoned checkpoints,
-non-finite numbers, foreign files in --out, signals (issue 16). Each case checks the exit status the README
+non-finite numbers, foreign files in --out, signals (issue 16). Each case checks the exit status docs/inputs.md
 documents, the one-paragraph message, and that nothing was left half-written."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
 def test_a_signal_stops_the_run_like_a_failure(tmp_path, signame):
     """SIGTERM / SIGINT during the reward phase: failure.json says where, the reward's worker is stopped,
-    the lock is released, one line is printed and the exit status is 130 (README)."""
+    the lock is released, one line is printed and the exit status is 130 (docs/run.md)."""
     import os
     import signal
     import subprocess
