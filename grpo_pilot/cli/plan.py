@@ -168,7 +168,10 @@ def _infeasible(plan: Plan, *, written: bool) -> InfeasibleError:
     hint = " ".join(f"Suggestion: {s}" for s in plan.suggestions) + (" No plan file was written." if written else "")
     if verdict is not None and verdict.kind in ("tight", "fits_below_mean_response"):
         return ConditionalFitError(
-            f"{what} for {plan.model.resolved} on {plan.cluster.label()} {verdict.message}.", hint.strip(), plan=plan
+            f"{what} for {plan.model.resolved} on {plan.cluster.label()} "
+            f"{'is ' if verdict.kind == 'tight' else ''}{verdict.message}.",
+            hint.strip(),
+            plan=plan,
         )
     what = "The pinned configuration does not fit" if plan.provenance.search_trials == 0 else "Nothing fits"
     short = f" ({verdict.message})" if verdict is not None and verdict.message != "does not fit" else ""
