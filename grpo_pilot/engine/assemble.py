@@ -266,7 +266,7 @@ def build_engine(
             enforce_eager=k.enforce_eager,
             kv_cache_bytes=kv_bytes,
             seed=cfg.seed,
-            hf_decode=cfg.hf_decode,
+            hf_decode=cfg.hf_decode or k.hf_decode,
             weight_sync_bucket_bytes=plan.run.weight_sync_bucket_bytes,
         ),
         topology=topology,

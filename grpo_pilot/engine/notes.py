@@ -71,12 +71,7 @@ def run_notes(
             "forward); the plan's time and activation figures assume every sequence computes its prompt, so they "
             "bound these phases from above",
         )
-    if rollout_weight_copy_bytes:
-        notes += (
-            f"rollout/weight_sync: the hf rollout decoded from a bf16 copy of the weights "
-            f"({rollout_weight_copy_bytes / 2**30:.2f} GiB, held from the weight sync to the end of the rollout); the "
-            "plan's rollout and weight_sync phases do not count it",
-        )
+    notes += _weight_copy_notes(plan, rollout_weight_copy_bytes)
     items = plan.phases["update"].items if "update" in plan.phases else {}
     if fused_adamw_on_gpu and items.get("optimizer_step_temporaries"):
         notes += (
@@ -86,3 +81,23 @@ def run_notes(
     if steps_run == 1:
         notes += ("only one step ran in this process: its numbers include warm-up",)
     return notes
+
+
+def _weight_copy_notes(plan: Any, copy_bytes: int) -> tuple[str, ...]:
+    """The static decode loop's bf16 weight copy (engine/rollout/hf.py `weight_copy_bytes`) against the plan's
+    `hf_decode_weight_copy` item (planner/memory/hf_generate.py): a note only where one holds it and the other not."""
+    rollout = plan.phases.get("rollout")
+    planned = rollout.items.get("hf_decode_weight_copy", 0) if rollout is not None else 0
+    knob = getattr(plan.knobs, "hf_decode", "auto")
+    if copy_bytes and not planned:
+        return (
+            f"rollout/weight_sync: the hf rollout decoded from a bf16 copy of the weights ({copy_bytes / 2**30:.2f} "
+            f"GiB, held from the weight sync to the end of the rollout); the plan (hf_decode={knob}) decodes eagerly "
+            "and does not count it (re-plan with --pin hf_decode=static, or run with hf_decode=eager)",
+        )
+    if planned and not copy_bytes:
+        return (
+            f"rollout/weight_sync: the plan counts a bf16 copy of the weights for the static decode loop "
+            f"({planned / 2**30:.2f} GiB, hf_decode={knob}); this run decoded eagerly and held none",
+        )
+    return ()

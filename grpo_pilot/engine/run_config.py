@@ -135,11 +135,12 @@ class RunConfig(Frozen):
         default=0, ge=0, le=2**31 - 1, description="Sample from the k most likely tokens (before top_p); 0 = off."
     )
     stop: tuple[str, ...] = Field(default=(), description="Stop strings (EOS always stops).")
-    hf_decode: Literal["auto", "eager", "static", "cuda_graph"] = Field(
-        default="auto",
+    hf_decode: Literal["auto", "eager", "static", "cuda_graph"] | None = Field(
+        default=None,
         description="hf rollout decode loop: eager (per-token host checks, finished rows compacted), static "
         "(preallocated cache, fixed shapes, bf16 weight copy on CUDA, no per-token host sync), cuda_graph (static, "
-        "each step replayed as a CUDA graph; CUDA only); auto = cuda_graph on CUDA, eager on CPU.",
+        "each step replayed as a CUDA graph; CUDA only); auto = cuda_graph on CUDA, eager on CPU. None = the "
+        "plan's `hf_decode` knob (plans without one: auto).",
     )
 
     # loss (GRPO family; grpo.md)

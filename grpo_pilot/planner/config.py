@@ -26,6 +26,7 @@ Strategy = Literal["fsdp", "megatron"]
 Recompute = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 GenerationWeights = Literal["layer", "model"]
+HfDecode = Literal["auto", "eager", "static", "cuda_graph"]  # grpo_pilot/kernels.py HF_DECODE_MODES
 VllmEngine = Literal["v1", "v0"]
 VllmMemory = Literal["instance", "device"]
 
@@ -258,6 +259,14 @@ class Knobs(Frozen):
         "one decoder layer at a time for every forward (FSDP: our engine, TRL under FSDP); 'model' — the whole "
         "model gathered in the compute dtype for the whole generate call (TRL / ms-swift under DeepSpeed ZeRO-3 "
         "with ds3_gather_for_generation, their default: trl/models/utils.py unwrap_model_for_generation).",
+    )
+    hf_decode: HfDecode = Field(
+        default="auto",
+        description="The decode loop of our engine's hf rollout (grpo-run's `hf_decode`; a run config value wins): "
+        "'eager' (fp32 weights under autocast, a host check per token), 'static' (a bf16 copy of the weights from "
+        "the weight sync to the end of the rollout, a preallocated bf16 KV cache), 'cuda_graph' (static, each step "
+        "replayed as a CUDA graph); 'auto' = cuda_graph on GPUs, eager on the cpu device. Llama-family models on "
+        "one unsharded rank without adapters only; anything else decodes eagerly. vLLM plans ignore it.",
     )
     vllm_engine: VllmEngine = Field(
         default="v1",

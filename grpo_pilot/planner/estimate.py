@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.planner.config import Knobs, Target, Workload, old_logprob_pass_needed
+from grpo_pilot.planner.hf_decode_mode import planned_decode_mode
 from grpo_pilot.planner.memory.activations import (
     attention_mask_bytes,
     boolean_mask_bytes,
@@ -76,7 +77,7 @@ from grpo_pilot.planner.memory.fsdp import (
     layer_reduce_scatter_bytes,
     root_grad_bytes,
 )
-from grpo_pilot.planner.memory.hf_generate import hf_generate_memory
+from grpo_pilot.planner.memory.hf_generate import StaticDecode, hf_generate_memory, static_decode_memory
 from grpo_pilot.planner.memory.host import HostOffloads, HostShards, host_items
 from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_per_token, kv_tokens
 from grpo_pilot.planner.memory.logits import logprob_logits_bytes
@@ -93,7 +94,7 @@ from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.reports import MemoryReport, PhaseMemory
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
-from grpo_pilot.units import FP32_BYTES
+from grpo_pilot.units import BF16_BYTES, FP32_BYTES
 
 # Items whose allocation sizes change from one micro-batch (or tensor) to the next: the only ones the
 # caching allocator fragments. Blocks of a repeated size are reused exactly (the persistent states —
@@ -179,19 +180,26 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
         return RolloutMemory(items, bud.kv_cache_bytes, tokens, max_seqs)
     c = ctx.precision.compute_bytes
     batch = min(k.max_num_seqs, sequences_per_sp_group(w.responses_per_step, ctx.layout.trainer_gpus, 1))
-    gen = hf_generate_memory(  # the decode loop's buffers are allocated for the maximum lengths
-        batch_seqs=batch,
-        prompt_seqs=groups_spanned(batch, w.n),
-        prompt_tokens=w.prompt_len_tokens,
-        response_tokens=w.response_len_tokens,
-        # the fp32 policy under autocast keeps a float32 cache (memory/hf_generate.py)
-        kv_bytes_per_token=kv_bytes_per_token(
-            m.num_layers, m.num_kv_heads, m.head_dim, 1, FP32_BYTES if ctx.autocast else c
-        ),
-        prefill_bytes_per_token=forward_bytes_per_token(m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size, 1, c),
-        vocab=m.vocab_size,
-        compute_bytes=c,
-        head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
+    static = _static_decode(ctx, batch)
+    gen = (
+        static.generate
+        if static is not None
+        else hf_generate_memory(  # buffers sized for the maximum lengths
+            batch_seqs=batch,
+            prompt_seqs=groups_spanned(batch, w.n),
+            prompt_tokens=w.prompt_len_tokens,
+            response_tokens=w.response_len_tokens,
+            # the fp32 policy under autocast keeps a float32 cache (memory/hf_generate.py)
+            kv_bytes_per_token=kv_bytes_per_token(
+                m.num_layers, m.num_kv_heads, m.head_dim, 1, FP32_BYTES if ctx.autocast else c
+            ),
+            prefill_bytes_per_token=forward_bytes_per_token(
+                m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size, 1, c
+            ),
+            vocab=m.vocab_size,
+            compute_bytes=c,
+            head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
+        )
     )
     whole = ctx.sharded and k.hf_generation_weights == "model"
     work = {
@@ -202,8 +210,50 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
         **gen.items,
         **lora_transients(ctx),
     }
-    items = finish(ctx, {**resident(ctx, "rollout_hf"), **work}, {}, ctx.trainer_overheads)
+    pool = {"hf_cuda_graph_pool": static.graph_pool_bytes} if static is not None and static.graph_pool_bytes else {}
+    items = finish(ctx, {**resident(ctx, "rollout_hf"), **work}, pool, ctx.trainer_overheads)
     return RolloutMemory(items, gen.kv_cache_bytes, gen.kv_cache_tokens, gen.batch_seqs)
+
+
+def decode_mode(ctx: MemoryContext) -> str:
+    """The loop the plan's hf rollout runs (planner/hf_decode_mode.py)."""
+    return planned_decode_mode(
+        ctx.knobs,
+        device=ctx.device,
+        model_type=ctx.model.model_type,
+        executor=ctx.executor,
+        sharded=ctx.sharded,
+        adapters=ctx.lora is not None,
+    )
+
+
+def _static_decode(ctx: MemoryContext, batch: int) -> StaticDecode | None:
+    """The static loop's memory (memory/hf_generate.py), None when the plan's hf rollout decodes eagerly. On a GPU
+    the step runs in bf16 on a copy of the fp32 weights (engine/rollout/hf.py `rollout_dtype`); on the cpu device
+    in the weights' own dtype, without a copy."""
+    mode = decode_mode(ctx)
+    if mode == "eager":
+        return None
+    m, w, c = ctx.model, ctx.workload, ctx.precision.compute_bytes
+    step_bytes = BF16_BYTES if ctx.device.kind == "cuda" else ctx.precision.master_bytes
+    return static_decode_memory(
+        batch_seqs=batch,
+        prompt_seqs=groups_spanned(batch, w.n),
+        prompt_tokens=w.prompt_len_tokens,
+        response_tokens=w.response_len_tokens,
+        kv_bytes_per_token=kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, 1, step_bytes),
+        # the prefill runs the module itself: the fp32 policy under autocast keeps a float32 cache, as eager
+        prefill_kv_bytes_per_token=kv_bytes_per_token(
+            m.num_layers, m.num_kv_heads, m.head_dim, 1, FP32_BYTES if ctx.autocast else c
+        ),
+        layers=m.num_layers,
+        prefill_bytes_per_token=forward_bytes_per_token(m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size, 1, c),
+        vocab=m.vocab_size,
+        compute_bytes=step_bytes,
+        head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
+        weight_copy_bytes=step_bytes * m.num_params if ctx.precision.master_bytes != step_bytes else 0,
+        graphs=mode == "cuda_graph",
+    )
 
 
 def _scored(ctx: MemoryContext, tokens: int) -> int:
@@ -379,8 +429,10 @@ def _optimizer_step_bytes(ctx: MemoryContext) -> int:
 def weight_sync_memory(ctx: MemoryContext) -> dict[str, int]:
     """Weight sync: both sides of the transfer bucket (nothing to transfer for HF rollout)."""
     bud, m = ctx.vllm, ctx.model
-    if bud is None:  # the policy generates itself
-        return finish(ctx, resident(ctx, "weight_sync"), {}, ctx.trainer_overheads)
+    if bud is None:  # the policy generates itself; the static loop's weight copy is built here (HFRollout.wake)
+        static = _static_decode(ctx, 1)
+        copy = {"hf_decode_weight_copy": static.weight_copy_bytes} if static is not None else {}
+        return finish(ctx, {**resident(ctx, "weight_sync"), **copy}, {}, ctx.trainer_overheads)
     largest = largest_gathered_bytes(
         largest_param_elements(m.vocab_size, m.hidden_size, m.intermediate_size, m.q_dim),
         ctx.precision.master_bytes,

@@ -24,7 +24,12 @@ are split evenly over the replicas.
     all-gather of every weight. HF decode loops (our engine's `hf` backend, TRL without vLLM) run eagerly
     and read the sampled tokens back every step: each step costs the host's dispatch of every layer's
     ops plus the step's own (embedding, sampling, stop checks), added to the device's work
-    (`TimeCoefficients.hf_decode_s_per_layer`, `hf_decode_s_per_step`). A bitsandbytes-quantized policy
+    (`TimeCoefficients.hf_decode_s_per_layer`, `hf_decode_s_per_step`) — our engine's `static` loop too
+    (the same ops, dispatched one by one). Its `cuda_graph` loop (the plan's `hf_decode`, resolved by
+    `hf_decode_mode.planned_decode_mode`) replays each step as one CUDA graph: no per-layer dispatch, one
+    launch per token (`cuda_graph_launch_s`), plus the captures: one graph per 128-slot attended length
+    (`kernels.STATIC_LENGTH_BUCKET_TOKENS`) per fixed batch, each an eager warm-up step and its recording
+    (both dispatch every op: twice the eager step's host time). A bitsandbytes-quantized policy
     (QLoRA) generating with HF dequantizes every linear in every forward of more than one row (bitsandbytes
     `matmul_4bit` takes its one-row gemv kernel only for a single token; `lora_time.dequant_micro_s`).
 Every efficiency comes from `TimeCoefficients`.
@@ -36,6 +41,7 @@ import math
 from typing import NamedTuple
 
 from grpo_pilot.hardware.cluster import Cluster
+from grpo_pilot.kernels import STATIC_LENGTH_BUCKET_TOKENS
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.lengths import lengths_of
 from grpo_pilot.planner.lora_time import dequant_micro_s, lora_time_terms
@@ -66,6 +72,11 @@ def _hf_step_s(spec: ModelSpec, workload: Workload, coef: TimeCoefficients, hbm_
     policy's dequantization of every linear in the forward (module docstring)."""
     dequant = dequant_micro_s(lora_time_terms(spec, workload), 1, hbm_bytes_per_s * coef.hbm_efficiency)
     return coef.hf_decode_s_per_layer * spec.num_layers + coef.hf_decode_s_per_step + dequant
+
+
+def graph_captures_per_batch(longest_seq_tokens: float) -> int:
+    """CUDA graphs one fixed batch of the static loop captures: one per 128-slot attended length it reaches."""
+    return max(1, math.ceil(longest_seq_tokens / STATIC_LENGTH_BUCKET_TOKENS))
 
 
 class RolloutBreakdown(NamedTuple):
@@ -101,6 +112,7 @@ def rollout_breakdown(
     *,
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
     overheads: Overheads = DEFAULT_OVERHEADS,
+    decode_mode: str = "eager",
 ) -> RolloutBreakdown:
     """Prefill and decode of every response of the step (module docstring). `kv_cache_tokens_per_gpu`
     is the KV capacity the memory estimate found (None = unlimited: `max_num_seqs` caps concurrency)."""
@@ -113,6 +125,7 @@ def rollout_breakdown(
     rollout_bytes = rollout_element_bytes(cluster.device)
     total_params, active_params = param_counts(spec)
     weight_bytes = rollout_bytes * total_params / tp
+    graphs = hf and decode_mode == "cuda_graph"
     if hf:  # the eager HF decode loop: host dispatch per layer and per step, a readback every step
         eager_s = _hf_step_s(spec, workload, coef, gpu.hbm_bytes_per_s)
     else:
@@ -188,7 +201,11 @@ def rollout_breakdown(
     batch = generated / steps if steps else 0.0
     tp_comm_s = steps * (hidden_all_reduces_s(batch) + logits_gather_s(batch))
     # every generated token is one running sequence in one step
-    overhead_s = steps * (engine_s + eager_s + gather_s) + generated * seq_step_s + gather_once_s
+    step_host_s = coef.cuda_graph_launch_s if graphs else eager_s  # a graph: one launch, not every op
+    overhead_s = steps * (engine_s + step_host_s + gather_s) + generated * seq_step_s + gather_once_s
+    if graphs:  # each fixed batch captures its graphs once: a warm-up step and its recording, both eager
+        batches = math.ceil(seqs / concurrency)
+        overhead_s += batches * graph_captures_per_batch(L.prompt_mean + L.response_tail) * 2 * eager_s
     return RolloutBreakdown(
         replicas=replicas,
         seqs_per_replica=seqs,
@@ -211,8 +228,16 @@ def rollout_time_s(
     *,
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
     overheads: Overheads = DEFAULT_OVERHEADS,
+    decode_mode: str = "eager",
 ) -> float:
     """Seconds of the rollout phase (`rollout_breakdown(...).total_s`)."""
     return rollout_breakdown(
-        spec, cluster, workload, knobs, kv_cache_tokens_per_gpu, coefficients=coefficients, overheads=overheads
+        spec,
+        cluster,
+        workload,
+        knobs,
+        kv_cache_tokens_per_gpu,
+        coefficients=coefficients,
+        overheads=overheads,
+        decode_mode=decode_mode,
     ).total_s

@@ -155,6 +155,16 @@ class TimeCoefficients(Frozen):
         # lm_head, temperature / top-k / top-p sampling, stop checks; traced op count, as above).
         description="Host time per decode step outside the layers (embedding, lm_head, sampling, stop checks).",
     )
+    cuda_graph_launch_s: float = Field(
+        default=HOST_S_PER_OP,
+        ge=0.0,
+        # Our static decode loop replays one captured graph per token (engine/rollout/cuda_graphs.py): the host
+        # issues one `CUDAGraph.replay()` (one cudaGraphLaunch, whose CPU cost does not grow with the graph's
+        # kernel count for a straight-line graph: NVIDIA technical blog, "Constant Time Launch for Straight-Line
+        # CUDA Graphs and Other Performance Enhancements", CUDA 12.6) instead of every op of every layer; charged
+        # as one eager op from Python (HOST_S_PER_OP).
+        description="Host time per decode step of our hf rollout's CUDA-graph loop (one graph replay per token).",
+    )
     host_link_efficiency: float = Field(
         default=0.8,
         gt=0.0,
@@ -220,6 +230,7 @@ HOST_SIDE_FIELDS: tuple[str, ...] = (
     "train_dispatch_s_per_layer_pass",
     "hf_decode_s_per_layer",
     "hf_decode_s_per_step",
+    "cuda_graph_launch_s",
     "eager_launch_s_per_layer",
     "vllm_v0_step_overhead_s",
     "vllm_v0_seq_step_overhead_s",

@@ -30,6 +30,7 @@ import math
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.planner.config import Knobs, Target, Workload, old_logprob_pass_needed
 from grpo_pilot.planner.critic_time import critic_flops_per_step, critic_times
+from grpo_pilot.planner.hf_decode_mode import plan_decode_mode
 from grpo_pilot.planner.lengths import lengths_of
 from grpo_pilot.planner.lora_time import (
     LoraTime,
@@ -298,7 +299,14 @@ def estimate_time(
     constants the time model reads (the sampler's bytes per vocabulary entry)."""
     coef, executor = coefficients, traits_for(target)
     rollout = rollout_time_s(
-        model, cluster, workload, knobs, kv_cache_tokens_per_gpu, coefficients=coef, overheads=overheads
+        model,
+        cluster,
+        workload,
+        knobs,
+        kv_cache_tokens_per_gpu,
+        coefficients=coef,
+        overheads=overheads,
+        decode_mode=plan_decode_mode(model, cluster, workload, knobs, executor=executor),
     )
     phases = {
         "rollout": rollout,

@@ -52,6 +52,8 @@ the executor behaviour it stands for and the source where it was read:
   is always fused), no vLLM eager switch and no scheduler caps (trl 1.16 GRPOConfig fields).
   The launch families' knobs (`FAMILY_KNOBS`: Megatron's parallel sizes and recompute, activation offload,
   the LoRA layered summon, the critic's offloads) exist only in verl; our engine and TRL miss them all.
+  `hf_decode` (our static / CUDA-graph decode loop) exists only in our engine: verl's and TRL's HF rollout
+  generate eagerly (transformers `generate`).
 - algorithms / strategies / rollout_engines: what the executor runs at all. verl runs PPO with a critic
   (`algorithm.adv_estimator=gae`), the Megatron backend (`actor.strategy=megatron`) and SGLang rollout
   (`rollout.name=sglang`); TRL's GRPOTrainer and our engine (engine/loop.py) run GRPO on FSDP / ZeRO-3
@@ -162,6 +164,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         strategies=frozenset({"fsdp", "megatron"}),
         rollout_engines=frozenset({"vllm", "sglang", "hf"}),
         lora_rollout="adapters",
+        missing_knobs=frozenset({"hf_decode"}),
     ),
     "trl": ExecutorTraits(
         name="trl",
@@ -184,6 +187,7 @@ TRAITS: dict[str, ExecutorTraits] = {
                 "enforce_eager",
                 "max_num_seqs",
                 "max_num_batched_tokens",
+                "hf_decode",
             }
         )
         | FAMILY_KNOBS,

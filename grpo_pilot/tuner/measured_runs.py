@@ -8,7 +8,8 @@ started, and `torch.cuda.memory_reserved`). Its `about` field gives the method.
 
 `measured_inputs(case)` rebuilds the planner inputs of one run: the plan command's model, GPUs and
 workload, the lengths the run really had (the file's runs use a random-weight model: prompts of exactly
-prompt_len − 2 tokens, responses always at response_len, so both spreads are 0), the measured knobs.
+prompt_len − 2 tokens, responses always at response_len, so both spreads are 0), the measured knobs (and
+`UNRECORDED_KNOBS`: what the runs did that the file does not record).
 `fit_measured(...)` fits a `Calibration` from the completed runs with the same least-squares machinery
 as a grpo-tune sweep (`tuner/calibrate.py`), and measures the CUDA context of the engine process: the
 footprint minus what the poller held before the engine started minus the allocator's reserve.
@@ -44,6 +45,10 @@ from grpo_pilot.tuner.calibrate import (
 )
 
 MAX_MEASUREMENT_BYTES = 16 << 20
+# What a file's runs did that its knobs do not record: the h200-2026-11-26 runs (grpo-run at 34e4d2d) predate the
+# static / CUDA-graph decode loop, so their hf rollout decoded eagerly (`Knobs.hf_decode`, default auto, would
+# plan CUDA graphs on a GPU). A file whose knobs record hf_decode overrides this.
+UNRECORDED_KNOBS: dict[str, Any] = {"hf_decode": "eager"}
 # The packaged calibrations carry a fixed fit time, so that refitting the committed measurements reproduces them.
 PACKAGED_FIT_TIME = datetime(2026, 11, 26, tzinfo=timezone.utc)
 
@@ -96,7 +101,8 @@ def measured_inputs(case: dict[str, Any], knob_updates: dict[str, Any] | None = 
         use_kl_loss=bool(flags.get("kl", True)),
     )
     known = set(Knobs.model_fields)
-    knobs = Knobs(**{k: v for k, v in {**case["knobs"], **(knob_updates or {})}.items() if k in known})
+    ran = {**UNRECORDED_KNOBS, **case["knobs"], **(knob_updates or {})}
+    knobs = Knobs(**{k: v for k, v in ran.items() if k in known})
     inputs = PlanInputs(
         model=model_ref(resolve_model(str(flags["model"]))),
         cluster=parse_cluster(str(flags["gpus"])),

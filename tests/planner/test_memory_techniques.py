@@ -149,7 +149,7 @@ def test_trl_colocate_keeps_the_whole_engine_awake_verl_frees_weights_and_kv(est
 
 
 def test_hf_backend_has_no_vllm_budget_and_no_weight_sync_transfer(est) -> None:
-    r = est("qwen2.5-0.5b", "1xA100-80G", rollout_backend="hf", max_num_seqs=32)
+    r = est("qwen2.5-0.5b", "1xA100-80G", rollout_backend="hf", max_num_seqs=32, hf_decode="eager")
     rollout = r.phases["rollout"].items
     assert not any(k.startswith("vllm_") for k in rollout)
     # 32 sequences × 1536 tokens × (2 × 24 layers × 128 kv_dim × 4 bytes): the fp32 policy decodes under

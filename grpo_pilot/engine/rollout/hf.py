@@ -52,9 +52,10 @@ from grpo_pilot.engine.rollout.protocol import Generation, SamplingConfig
 from grpo_pilot.engine.rollout.static_decode import decode_static
 from grpo_pilot.engine.rollout.static_step import DecodeWeights, table_unsupported
 from grpo_pilot.errors import InputError, RunError
+from grpo_pilot.kernels import HF_DECODE_MODES, device_decode_mode
 from grpo_pilot.profiles.spec import kv_bytes_per_token as spec_kv_bytes_per_token
 
-DECODE_MODES = ("auto", "eager", "static", "cuda_graph")
+DECODE_MODES = HF_DECODE_MODES
 
 
 def resolve_decode(mode: str, model: Any, device: torch.device) -> str:
@@ -64,11 +65,7 @@ def resolve_decode(mode: str, model: Any, device: torch.device) -> str:
     the static step does not support (`static_step.table_unsupported`) runs eager whatever was asked."""
     if mode not in DECODE_MODES:
         raise InputError(f"Unknown hf decode mode {mode!r}.", f"Use one of {', '.join(DECODE_MODES)}.")
-    if mode == "eager" or (mode == "auto" and device.type != "cuda") or table_unsupported(model) is not None:
-        return "eager"
-    if mode in ("auto", "cuda_graph"):
-        return "cuda_graph" if device.type == "cuda" else "static"
-    return "static"
+    return "eager" if table_unsupported(model) is not None else device_decode_mode(mode, device.type)
 
 
 def rollout_dtype(model: Any, device: torch.device) -> torch.dtype:

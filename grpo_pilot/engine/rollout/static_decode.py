@@ -45,9 +45,10 @@ from grpo_pilot.engine.rollout.cuda_graphs import StepGraphs
 from grpo_pilot.engine.rollout.decode import StopCheck, prefill
 from grpo_pilot.engine.rollout.sampling import draw_uniforms, ends, eos_table, sample_next
 from grpo_pilot.engine.rollout.static_step import DecodeWeights, StaticStep
+from grpo_pilot.kernels import STATIC_CHECK_EVERY_STEPS, STATIC_LENGTH_BUCKET_TOKENS
 
-CHECK_EVERY_STEPS = 8  # host looks (one sync) per 8 tokens: <= 7 wasted steps at the end, 1/8 of the syncs
-LENGTH_BUCKET_TOKENS = 128  # attended slots round up to this: <= 127 masked slots read per row and step
+CHECK_EVERY_STEPS = STATIC_CHECK_EVERY_STEPS  # grpo_pilot/kernels.py: the planner counts the same
+LENGTH_BUCKET_TOKENS = STATIC_LENGTH_BUCKET_TOKENS
 
 
 class _Batch:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.hardware.device_traits import DeviceTraits
 from grpo_pilot.planner.config import Knobs, Workload
+from grpo_pilot.planner.hf_decode_mode import policy_sharded
 from grpo_pilot.planner.lengths import Lengths, lengths_of, micro_batch_tokens, response_share
 from grpo_pilot.planner.memory.activation_offload import ActivationOffload
 from grpo_pilot.planner.memory.autocast import autocast_cast_params
@@ -253,8 +254,13 @@ def memory_context(
     device_bytes = cluster.device_memory_bytes
     # offload is meaningless on the cpu pseudo-device: host RAM is the device
     p_off = knobs.param_offload and device.offload_meaningful
-    offload = p_off or (knobs.optimizer_offload and device.offload_meaningful)
-    sharded = lay.trainer_gpus > 1 or (device.caching_allocator and (executor.fsdp_on_one_rank or offload))
+    sharded = policy_sharded(
+        trainer_gpus=lay.trainer_gpus,
+        device=device,
+        executor=executor,
+        param_offload=p_off,
+        optimizer_offload=knobs.optimizer_offload and device.offload_meaningful,
+    )
     has_ref = workload.use_kl_loss
     shards = knobs.shard_degree(lay.trainer_gpus)  # FSDP group size (HSDP replicates across groups)
 
