@@ -189,6 +189,12 @@ def worker_threads(cfg: RunConfig, topology: Topology, device: torch.device) -> 
     return max(1, (os.cpu_count() or 1) // topology.workers_per_node)
 
 
+def hf_decode_of(plan: Plan, cfg: RunConfig) -> str:
+    """The hf rollout's decode loop: the run config's `hf_decode` when set, else the plan's knob (auto in plans
+    made before the knob existed)."""
+    return cfg.hf_decode or plan.knobs.hf_decode
+
+
 def build_engine(
     plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = None, address: str | None = None
 ) -> Engine:
@@ -266,7 +272,7 @@ def build_engine(
             enforce_eager=k.enforce_eager,
             kv_cache_bytes=kv_bytes,
             seed=cfg.seed,
-            hf_decode=cfg.hf_decode or k.hf_decode,
+            hf_decode=hf_decode_of(plan, cfg),
             weight_sync_bucket_bytes=plan.run.weight_sync_bucket_bytes,
         ),
         topology=topology,

@@ -299,3 +299,29 @@ def test_notes_name_the_bf16_rollout_copy_and_the_fused_adamw():
     (note,) = [n for n in run_notes(at_step, **kw, fused_adamw_on_gpu=True) if n.startswith("update: AdamW")]
     assert "1.00 GiB" in note
     assert not any(n.startswith("update: AdamW") for n in run_notes(at_step, **kw, fused_adamw_on_gpu=False))
+
+
+def test_notes_on_the_weight_copy_follow_the_plan_item():
+    from grpo_pilot.engine.notes import run_notes
+
+    plan = tiny_plan()
+    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3, hf_replica=False)
+    rollout = plan.phases["rollout"]
+    counted = rollout.model_copy(update={"items": {**rollout.items, "hf_decode_weight_copy": 3 << 29}})
+    static = plan.model_copy(update={"phases": {**plan.phases, "rollout": counted}})
+    assert not any("bf16 copy" in n for n in run_notes(static, **kw, rollout_weight_copy_bytes=3 << 29))
+    (note,) = [n for n in run_notes(static, **kw, rollout_weight_copy_bytes=0) if "bf16 copy" in n]
+    assert "1.50 GiB" in note and "decoded eagerly" in note
+    (note,) = [n for n in run_notes(plan, **kw, rollout_weight_copy_bytes=3 << 29) if "bf16 copy" in n]
+    assert "does not count it" in note and "--pin hf_decode=static" in note
+
+
+def test_the_run_config_decode_loop_wins_over_the_plan_knob(tmp_path):
+    from grpo_pilot.engine.assemble import hf_decode_of
+
+    plan = tiny_plan()
+    assert plan.knobs.hf_decode == "auto"  # a plan.json made before the knob
+    static = plan.model_copy(update={"knobs": plan.knobs.model_copy(update={"hf_decode": "static"})})
+    assert hf_decode_of(static, config(tmp_path)) == "static"
+    assert hf_decode_of(static, config(tmp_path, hf_decode="eager")) == "eager"
+    assert hf_decode_of(plan, config(tmp_path)) == "auto"

@@ -14,6 +14,14 @@ from grpo_pilot.profiles.spec import ModelSpec
 torch = pytest.importorskip("torch")
 from grpo_pilot.verify.fake_trace import CUDA_MIN_BLOCK_BYTES, hf_config_from_spec  # noqa: E402
 
+# the static decode loop's tensor items in the rollout phase (planner/memory/hf_generate.py)
+STATIC_TENSOR_ITEMS = (
+    "hf_decode_weight_copy",
+    "hf_kv_cache",
+    "hf_prefill_activations",
+    "hf_sampling_logits",
+    "autocast_weight_cache",
+)
 TINY = ModelSpec(
     name="tiny-qwen2",
     architecture="Qwen2ForCausalLM",
@@ -234,6 +242,42 @@ def test_hf_decode_loop_trace_matches_the_rollout_model() -> None:
     traced = tr.labels["Activation"] + tr.labels["Autocast Cast"]
     assert sum(gen.items.values()) == pytest.approx(traced, rel=0.03)
     assert tr.labels["Activation"] > rows * (prompt + new) * kv32  # a bf16 cache would be half of this
+
+
+@pytest.mark.parametrize(
+    ("rows", "group", "prompt", "new", "moment"),
+    [
+        (8, 4, 16, 4, "prefill_head"),  # the prefill's LM head cast under autocast
+        (32, 8, 32, 7, "decode"),  # a step's sampling over 32 rows
+        (16, 16, 512, 6, "load_prefill"),  # the buffers beside the prefill's fp32 cache
+    ],
+)
+def test_static_loop_trace_matches_the_plan(rows: int, group: int, prompt: int, new: int, moment: str) -> None:
+    """The engine's static loop traced with CUDA numerics (bf16 weight copy, bf16 buffers; verify/rollout_trace.py)
+    against the plan's rollout items for the same batch: within 2 %, at three different peak moments."""
+    from grpo_pilot.hardware import parse_cluster
+    from grpo_pilot.planner.config import Knobs, Workload
+    from grpo_pilot.planner.estimate import estimate_memory
+    from grpo_pilot.verify.rollout_trace import trace_hf_decode
+
+    w = Workload(
+        prompts_per_step=rows // group, mini_batch_prompts=rows // group, n=group, prompt_len_tokens=prompt,
+        response_len_tokens=new,
+    )  # fmt: skip
+    knobs = Knobs(rollout_backend="hf", rollout_tp=1, max_num_seqs=rows, hf_decode="static")
+    items = estimate_memory(TINY, parse_cluster("1xH100"), w.worst_case(), knobs).phases["rollout"].items
+    tr = trace_hf_decode(TINY, batch_seqs=rows, group_size=group, prompt_len_tokens=prompt, new_tokens=new,
+                         decode="static")  # fmt: skip
+    assert items["hf_decode_weight_copy"] == tr.labels["Parameter"] // 2 == 2 * TINY.num_params
+    winner = {
+        "prefill_head": items.get("autocast_weight_cache", 0) > 0,
+        "decode": items["hf_sampling_logits"] > TINY.vocab_size * rows * (2 + 8),
+        "load_prefill": items["hf_kv_cache"] > rows * (prompt + new) * 1024,  # more than the bf16 buffers
+    }
+    assert [m for m, hit in winner.items() if hit] == [moment]
+    planned = sum(items.get(k, 0) for k in STATIC_TENSOR_ITEMS)
+    traced = tr.labels["Activation"] + tr.labels["Autocast Cast"]
+    assert planned == pytest.approx(traced, rel=0.02)
 
 
 @pytest.mark.parametrize(("prompt", "response", "moment"), [(2048, 16, "head"), (64, 48, "embedding")])
