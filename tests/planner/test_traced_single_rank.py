@@ -310,3 +310,51 @@ def test_tied_head_gradient_moments(prompt: int, response: int, moment: str) -> 
     rep = compare_with_analytic(tied, cluster, workload, knobs)
     assert rep.trace.update.peak_at == "forward_backward"
     assert abs(rep.update.total_error) < 0.02, rep.update.relative_error
+
+
+@pytest.mark.parametrize(
+    ("rows", "group", "prompt", "new"),
+    [(8, 4, 16, 4), (32, 8, 32, 40), (16, 16, 512, 6), (64, 4, 128, 4)],  # sampling / decode / load / prefill
+)
+def test_static_loop_on_the_cpu_measured_by_the_engine_tracker(rows: int, group: int, prompt: int, new: int) -> None:
+    """The static loop run for real on the cpu device (fp32 weights decoded in place: no copy, fp32 buffers), its
+    peak above the weights read by the engine's CPU tensor tracker (engine/profiling.py, cpu_memory="tensors"),
+    against the plan's rollout items for a 1xcpu plan with hf_decode=static: within 2 %. No row ends (the EOS id
+    is past the vocabulary), so every step runs at the full batch."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_pilot.engine.profiling import PhaseProfiler
+    from grpo_pilot.engine.rollout.static_decode import decode_static
+    from grpo_pilot.engine.rollout.static_step import DecodeWeights
+    from grpo_pilot.hardware import parse_cluster
+    from grpo_pilot.planner.config import Knobs, Workload
+    from grpo_pilot.planner.estimate import estimate_memory
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config_from_spec(TINY), attn_implementation="sdpa").eval()
+    prompts = [[(r // group * prompt + j) % (TINY.vocab_size - 1) + 1 for j in range(prompt)] for r in range(rows)]
+    profiler = PhaseProfiler("cpu", cpu_memory="tensors")
+    profiler.start()
+    try:
+        weights_bytes = profiler._tracker.live_bytes
+        profiler.begin_step()
+        with profiler.phase("rollout"), torch.inference_mode():
+            decode_static(
+                model, DecodeWeights(model, torch.float32), prompts, max_new_tokens=new,
+                eos_ids=[TINY.vocab_size + 3], pad_id=0, temperature=1.0, top_p=1.0,
+                generator=torch.Generator().manual_seed(0),
+            )  # fmt: skip
+        measured = profiler.end_step()["rollout"].peak_bytes - weights_bytes
+    finally:
+        profiler.close()
+    w = Workload(
+        prompts_per_step=rows // group, mini_batch_prompts=rows // group, n=group, prompt_len_tokens=prompt,
+        response_len_tokens=new,
+    )  # fmt: skip
+    knobs = Knobs(rollout_backend="hf", rollout_tp=1, max_num_seqs=rows, hf_decode="static")
+    items = estimate_memory(TINY, parse_cluster("1xcpu"), w.worst_case(), knobs).phases["rollout"].items
+    assert items.get("hf_decode_weight_copy", 0) == 0 and "hf_cuda_graph_pool" not in items
+    # the tracker's starting point: the fp32 weights and the rotary embedding's inv_freq buffers (2 × D/2 floats)
+    assert weights_bytes - items["actor_params"] == 2 * TINY.head_dim // 2 * 4
+    planned = sum(items.get(k, 0) for k in STATIC_TENSOR_ITEMS)
+    assert planned == pytest.approx(measured, rel=0.02)
