@@ -210,7 +210,11 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
         **gen.items,
         **lora_transients(ctx),
     }
-    pool = {"hf_cuda_graph_pool": static.graph_pool_bytes} if static is not None and static.graph_pool_bytes else {}
+    pool = (
+        {"overhead_hf_cuda_graph_pool": static.graph_pool_bytes}
+        if static is not None and static.graph_pool_bytes
+        else {}
+    )
     items = finish(ctx, {**resident(ctx, "rollout_hf"), **work}, pool, ctx.trainer_overheads)
     return RolloutMemory(items, gen.kv_cache_bytes, gen.kv_cache_tokens, gen.batch_seqs)
 

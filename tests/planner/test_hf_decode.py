@@ -34,7 +34,7 @@ def test_gpu_static_loop_holds_the_bf16_copy_from_weight_sync_through_rollout() 
         assert static[phase]["hf_decode_weight_copy"] == 2 * P05  # bf16 copy of the fp32 policy
     for phase in ("log_prob", "update"):  # `sleep` dropped it after the rollout
         assert "hf_decode_weight_copy" not in static[phase]
-    assert "hf_cuda_graph_pool" not in static["rollout"]
+    assert "overhead_hf_cuda_graph_pool" not in static["rollout"]
     # the static buffers are bf16, the eager loop's cache fp32 (under autocast): the decode moment's cache halves
     rows, total, per_token_fp32 = 32, 512 + 1024, 2 * 24 * 128 * 4
     assert eager["rollout"]["hf_kv_cache"] == rows * total * per_token_fp32
@@ -46,19 +46,30 @@ def test_gpu_static_loop_holds_the_bf16_copy_from_weight_sync_through_rollout() 
 
 
 @pytest.mark.parametrize("knob", ["cuda_graph", "auto"])
-def test_cuda_graph_pool_is_an_engine_item_of_the_rollout(knob: str) -> None:
+def test_cuda_graph_pool_is_a_non_tensor_item_of_the_rollout(knob: str) -> None:
     graphs, static = _rollout("1xA100-80G", hf_decode=knob), _rollout("1xA100-80G", hf_decode="static")
     # one step's sampling temporaries of the full batch: bf16 logits and two fp32 [B, V] tensors
-    assert graphs["rollout"]["hf_cuda_graph_pool"] == 32 * 151_936 * (2 + 8)
-    assert {k: v for k, v in graphs["rollout"].items() if k != "hf_cuda_graph_pool"} == static["rollout"]
-    assert "hf_cuda_graph_pool" not in graphs["weight_sync"]
+    assert graphs["rollout"]["overhead_hf_cuda_graph_pool"] == 32 * 151_936 * (2 + 8)
+    # reserved, not allocated: the tensor bytes (what max_memory_allocated is compared with) do not move
+    g, s = (
+        estimate_memory(
+            Q05,
+            parse_cluster("1xA100-80G"),
+            WORKLOAD.worst_case(),
+            Knobs(rollout_backend="hf", rollout_tp=1, max_num_seqs=32, hf_decode=k),
+        ).phases["rollout"]
+        for k in (knob, "static")
+    )
+    assert g.tensor_bytes == s.tensor_bytes and g.total_bytes - s.total_bytes == 32 * 151_936 * 10
+    assert {k: v for k, v in graphs["rollout"].items() if k != "overhead_hf_cuda_graph_pool"} == static["rollout"]
+    assert "overhead_hf_cuda_graph_pool" not in graphs["weight_sync"]
 
 
 def test_cpu_auto_is_eager_and_cpu_static_has_no_copy() -> None:
     auto, eager, static = (_rollout("1xcpu", hf_decode=k) for k in ("auto", "eager", "static"))
     assert auto == eager and "hf_decode_weight_copy" not in auto["rollout"]
     assert static["rollout"].get("hf_decode_weight_copy", 0) == 0  # fp32 weights decode in place
-    assert "hf_cuda_graph_pool" not in static["rollout"]  # cuda_graph off CUDA runs static
+    assert "overhead_hf_cuda_graph_pool" not in static["rollout"]  # cuda_graph off CUDA runs static
     assert _rollout("1xcpu", hf_decode="cuda_graph") == static
 
 
@@ -74,7 +85,7 @@ def test_cpu_auto_is_eager_and_cpu_static_has_no_copy() -> None:
 def test_the_knob_moves_nothing_where_the_static_loop_does_not_run(cluster: str, target: str, knobs: dict) -> None:
     static = _rollout(cluster, target, hf_decode="static", **knobs)
     assert static == _rollout(cluster, target, hf_decode="eager", **knobs)
-    assert not any(k.startswith("hf_decode") or k == "hf_cuda_graph_pool" for p in static.values() for k in p)
+    assert not any(k.startswith("hf_decode") or k == "overhead_hf_cuda_graph_pool" for p in static.values() for k in p)
 
 
 @pytest.mark.parametrize("c", [2, 4])

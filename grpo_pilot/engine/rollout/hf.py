@@ -8,7 +8,7 @@ a parameter out.
 
 Decoding: our own batched loops instead of transformers `generate`, whose per-token Python (logits
 processors, stopping criteria, mask rebuilding, multinomial) outweighed a tiny model's forward several
-times (benchmarks/engine_cpu.py); `decode` (run config `hf_decode`, `resolve_decode`) picks one:
+times (benchmarks/engine_cpu.py); `decode` (run config `hf_decode`, else the plan's knob; `resolve_decode`) picks one:
 - "eager" (`decode.decode_batch`): one prefill, then one forward per token with the model's KV cache,
   a host check per token (finished rows leave the batch), fp32 weights under bf16 autocast on CUDA;
 - "static" / "cuda_graph" (`static_decode.decode_static`): the same prefill and completions, with a

@@ -50,7 +50,8 @@ static_step.py) keeps, beside the same prefill:
   "Graph memory management": a graph's private pool is kept until the graph is deleted; graphs that never run
   concurrently and keep no outputs may share one pool, `pool=`), so the pool holds one step's largest
   temporaries — the first, widest batch's sampling tensors, B·V·(c + 8) — reserved, not allocated, for the
-  whole call: an engine item (not a tensor the allocator reports as allocated).
+  whole call: an `overhead_` item (planner/reports.py: not a tensor; the allocator reports it as reserved, not
+  allocated — the capture's allocations are the step's temporaries the decode moment already counts).
 """
 
 from __future__ import annotations
