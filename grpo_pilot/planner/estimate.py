@@ -222,7 +222,7 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
 def decode_mode(ctx: MemoryContext) -> str:
     """The loop the plan's hf rollout runs (planner/hf_decode_mode.py)."""
     return planned_decode_mode(
-        ctx.knobs,
+        knobs=ctx.knobs,
         device=ctx.device,
         model_type=ctx.model.model_type,
         executor=ctx.executor,

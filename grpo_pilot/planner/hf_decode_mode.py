@@ -32,7 +32,7 @@ def policy_sharded(
 
 
 def planned_decode_mode(
-    knobs: Knobs, *, device: DeviceTraits, model_type: str, executor: ExecutorTraits, sharded: bool, adapters: bool
+    *, knobs: Knobs, device: DeviceTraits, model_type: str, executor: ExecutorTraits, sharded: bool, adapters: bool
 ) -> str:
     """'eager', 'static' or 'cuda_graph': the loop the plan's hf rollout runs ('eager' for a vLLM plan too, where
     nothing reads it) (module docstring)."""
@@ -62,7 +62,7 @@ def plan_decode_mode(
         optimizer_offload=knobs.optimizer_offload and device.offload_meaningful,
     )
     return planned_decode_mode(
-        knobs,
+        knobs=knobs,
         device=device,
         model_type=model.model_type,
         executor=executor,
