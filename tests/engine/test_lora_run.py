@@ -1,6 +1,6 @@
 """The LoRA CPU example end to end (examples/tiny/plan-lora.json with run-lora.toml's settings): the reward climbs,
 checkpoints hold the adapters only, a resumed run ends exactly like an uninterrupted one, and profile.json sets the
-measured memory beside the plan's prediction (which, until grpo-plan models adapters, is full fine-tuning's).
+measured memory beside the plan's prediction (grpo-plan models the adapters: their gradients and AdamW states).
 A QLoRA plan is refused on this CPU before anything starts."""
 
 from __future__ import annotations
@@ -86,26 +86,26 @@ def test_resume_is_exact(straight, tmp_path):
 
 
 @pytest.mark.slow
-def test_profile_sets_measured_memory_beside_the_full_fine_tune_prediction(straight):
+def test_profile_sets_measured_memory_beside_the_adapter_plan(straight):
     profile = json.loads((straight / "profile.json").read_text())
     assert profile["adapter"] == {
         "setting": "lora, r=8, targets all-linear",
         "trainable_params": ADAPTER_PARAMS,
         "trainable_bytes": ADAPTER_PARAMS * 4,
-        "plan_models_adapters": False,
+        "plan_models_adapters": True,
     }
+    assert profile["memory_compared"] is True and profile["plan_memory_full_ft"] is False
+    # the plan counts gradients and AdamW states for the adapters only, and the frozen base beside them
+    plan = load_plan(PLAN)
+    items = plan.phases["update"].items
+    assert items["optimizer_states"] == ADAPTER_PARAMS * 8 and items["actor_grads"] == ADAPTER_PARAMS * 4
+    assert items["frozen_base"] + items["actor_params"] == (BASE_PARAMS + ADAPTER_PARAMS) * 4
     for phase in ("rollout", "log_prob", "update"):
         row = profile["phases"][phase]
-        assert row["measured_peak_bytes"] > 0 and row["predicted_tensor_bytes"] > 0, phase
-        assert row["memory_rel_error"] is None  # a full-fine-tune prediction is not this run's
-    assert profile["memory_compared"] is False and "adapters" in profile["memory_not_compared"]
-    assert profile["plan_memory_full_ft"] is True
-    assert any("full fine-tuning" in n for n in profile["notes"])
-    # the plan counts full gradients and AdamW states for every parameter; the run holds them for the adapters
-    plan = load_plan(PLAN)
-    assert plan.phases["update"].items["optimizer_states"] == BASE_PARAMS * 8
-    assert plan.phases["update"].items["actor_grads"] == BASE_PARAMS * 4
-    assert profile["phases"]["update"]["measured_peak_bytes"] < profile["phases"]["update"]["predicted_tensor_bytes"]
+        assert row["memory_rel_error"] == pytest.approx(row["measured_peak_bytes"] / row["predicted_tensor_bytes"] - 1)
+        # the plan bounds the run from above; on this 64-wide model it over-counts the update's activations
+        # by ~30 % (the full fine-tune plan.json alike: -31 % measured on 2026-11-26), so only a loose floor
+        assert -0.5 < row["memory_rel_error"] <= 0.05, (phase, row)
 
 
 def test_a_qlora_plan_is_refused_on_this_cpu_before_anything_starts(tmp_path):
