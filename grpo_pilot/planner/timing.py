@@ -303,7 +303,7 @@ def estimate_time(
         cluster,
         workload,
         knobs,
-        kv_cache_tokens_per_gpu,
+        kv_cache_tokens_per_gpu=kv_cache_tokens_per_gpu,
         coefficients=coef,
         overheads=overheads,
         decode_mode=plan_decode_mode(model, cluster, workload, knobs, executor=executor),
