@@ -31,12 +31,12 @@ def spec(alias: str):
 def _layer_traffic(s, c: int = 2) -> int:
     """2 × the bytes every layer saves per token (written once, read once)."""
     per_layer = layer_activation_bytes_per_token(
-        s.hidden_size,
-        s.q_dim,
-        s.kv_dim,
-        s.intermediate_size,
-        s.num_attention_heads,
-        c,
+        hidden=s.hidden_size,
+        q_dim=s.q_dim,
+        kv_dim=s.kv_dim,
+        intermediate=s.intermediate_size,
+        num_heads=s.num_attention_heads,
+        compute_bytes=c,
         qk_norm=s.qk_norm,
         num_kv_heads=s.num_kv_heads,
     )
@@ -171,7 +171,9 @@ def test_decode_steps_follow_the_tail_or_the_kv_capacity() -> None:
     assert roomy.decode_steps == 1024  # the tail: some response reaches the cap
     tight = T.rollout_breakdown(s, c, w, k, kv_cache_tokens_per_gpu=300 * 64)  # 64 sequences of 300 tokens
     assert tight.concurrency == 64 and tight.decode_steps == 1280 * 200 // 64
-    assert T.rollout_time_s(s, c, w, k, kv_cache_tokens_per_gpu=300 * 64) > 1.5 * T.rollout_time_s(s, c, w, k, kv_cache_tokens_per_gpu=10**9)
+    assert T.rollout_time_s(s, c, w, k, kv_cache_tokens_per_gpu=300 * 64) > 1.5 * T.rollout_time_s(
+        s, c, w, k, kv_cache_tokens_per_gpu=10**9
+    )
     short_tail = w.model_copy(update={"response_tail_tokens": 600})
     assert T.rollout_breakdown(s, c, short_tail, k, kv_cache_tokens_per_gpu=10**9).decode_steps == 600
 

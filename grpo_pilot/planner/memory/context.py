@@ -131,12 +131,20 @@ def micro_batch_tokens_per_rank(
     population = step_seqs if executor.balances_batch else None
 
     def packed(budget_tokens: int, available_seqs: int) -> int:
-        available = micro_batch_tokens(available_seqs, lengths, "remove", population=population)
-        return budget_tokens_per_rank(budget_tokens, lengths.seq_max, available, sp, executor.budget_scaled_by_sp)
+        available = micro_batch_tokens(available_seqs, lengths, padding="remove", population=population)
+        return budget_tokens_per_rank(
+            budget_tokens=budget_tokens,
+            longest_seq_tokens=lengths.seq_max,
+            available_tokens=available,
+            ulysses_sp=sp,
+            budget_scaled_by_sp=executor.budget_scaled_by_sp,
+        )
 
     def fixed(seqs: int, available_seqs: int) -> int:
         count = min(seqs, available_seqs)
-        tokens = micro_batch_tokens(count, lengths, executor.padding, available_seqs, population=population)
+        tokens = micro_batch_tokens(
+            count, lengths, padding=executor.padding, pool=available_seqs, population=population
+        )
         return fixed_tokens_per_rank(tokens, sp)
 
     if knobs.max_token_len_per_gpu is not None:

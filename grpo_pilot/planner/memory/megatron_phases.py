@@ -178,7 +178,7 @@ def _logits(ctx: MemoryContext, par: MegatronParallel, tokens: int, *, training:
 
 
 def _update_work(
-    ctx: MemoryContext, shape: TransformerShape, par: MegatronParallel, stage: _Stage, tok: MegatronTokens
+    ctx: MemoryContext, shape: TransformerShape, *, par: MegatronParallel, stage: _Stage, tok: MegatronTokens
 ) -> dict[str, int]:
     c = ctx.precision.compute_bytes
     acts = stage_activation_bytes(
@@ -197,7 +197,7 @@ def _update_work(
 
 
 def _log_prob_work(
-    ctx: MemoryContext, shape: TransformerShape, par: MegatronParallel, stage: _Stage, tok: MegatronTokens, ref: bool
+    ctx: MemoryContext, shape: TransformerShape, *, par: MegatronParallel, stage: _Stage, tok: MegatronTokens, ref: bool
 ) -> dict[str, int]:
     c = ctx.precision.compute_bytes
     layer = forward_only_bytes(shape, par, tokens_per_microbatch=tok.log_prob, compute_bytes=c)
@@ -249,7 +249,7 @@ def _log_prob(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int]:
     passes = [
         finish(
             ctx,
-            {**_resident(ctx, s, phase), **_log_prob_work(ctx, p.shape, p.par, s, p.tokens, ref)},
+            {**_resident(ctx, s, phase), **_log_prob_work(ctx, p.shape, par=p.par, stage=s, tok=p.tokens, ref=ref)},
             p.leftovers,
             ctx.trainer_overheads,
         )
@@ -266,7 +266,7 @@ def _update(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int]:
         [
             finish(
                 ctx,
-                {**_resident(ctx, s, "update"), **_update_work(ctx, p.shape, p.par, s, p.tokens)},
+                {**_resident(ctx, s, "update"), **_update_work(ctx, p.shape, par=p.par, stage=s, tok=p.tokens)},
                 p.leftovers,
                 ctx.trainer_overheads,
             )

@@ -85,7 +85,12 @@ def sglang_engine_budget(
         disable_cuda_graph=not cuda_graphs,
         chunked_prefill_size=0,
         forward_bytes_per_token=forward_bytes_per_token(
-            model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size, t, weight_bytes
+            hidden=model.hidden_size,
+            q_dim=model.q_dim,
+            kv_dim=model.kv_dim,
+            intermediate=model.intermediate_size,
+            tensor_parallel=t,
+            compute_bytes=weight_bytes,
         ),
         vocab=model.vocab_size,
         sampler_bytes_per_vocab_entry=overheads.vllm_sampler_bytes_per_vocab_entry,
