@@ -272,7 +272,11 @@ def _cpu_vllm_kv_bytes(plan: Plan, backend: str, device: torch.device) -> int | 
     if backend == "vllm" and device.type == "cpu" and plan.kv_cache_tokens_per_gpu > 0:
         spec = plan.model.spec  # the plan's own token count × the planner's own bytes per token (vLLM-CPU: fp32)
         return plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(  # profiles/spec.py: the planner's formula
-            spec.num_layers, spec.num_kv_heads, spec.head_dim, 1, 4
+            num_layers=spec.num_layers,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            tensor_parallel=1,
+            kv_bytes=4,
         )
     return None
 

@@ -169,7 +169,11 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
     if bud is not None:
         engine = engine_items(k.rollout_backend, bud)
         per_token = kv_bytes_per_token(
-            m.num_layers, m.num_kv_heads, m.head_dim, k.rollout_tp, ctx.precision.rollout_bytes
+            num_layers=m.num_layers,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            tensor_parallel=k.rollout_tp,
+            kv_bytes=ctx.precision.rollout_bytes,
         )
         tokens = kv_tokens(bud.kv_cache_bytes, per_token)
         max_seqs = concurrent_sequences(tokens, ctx.lengths.seq_max, k.max_num_seqs)
@@ -191,7 +195,11 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
             response_tokens=w.response_len_tokens,
             # the fp32 policy under autocast keeps a float32 cache (memory/hf_generate.py)
             kv_bytes_per_token=kv_bytes_per_token(
-                m.num_layers, m.num_kv_heads, m.head_dim, 1, FP32_BYTES if ctx.autocast else c
+                num_layers=m.num_layers,
+                num_kv_heads=m.num_kv_heads,
+                head_dim=m.head_dim,
+                tensor_parallel=1,
+                kv_bytes=FP32_BYTES if ctx.autocast else c,
             ),
             prefill_bytes_per_token=forward_bytes_per_token(
                 hidden=m.hidden_size,

@@ -121,7 +121,9 @@ class _Replica(NamedTuple):
     gather_once_s: float  # per generate: the same gathered whole once (ZeRO-3 GatheredParameters)
 
 
-def _replica(spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, coef: TimeCoefficients) -> _Replica:
+def _replica(
+    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, *, coef: TimeCoefficients
+) -> _Replica:
     """The replica shape (TP, count, responses each) and its per-forward host and gather costs."""
     gpu = cluster.gpu
     rollout_gpus, _ = pools(cluster, knobs)
@@ -186,7 +188,7 @@ def _logits_gather_s(spec: ModelSpec, r: _Replica, coef: TimeCoefficients, token
 
 
 def _prefill_s(
-    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, r: _Replica, coef: TimeCoefficients
+    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, *, r: _Replica, coef: TimeCoefficients
 ) -> float:
     """Prefill: each distinct prompt once (prefix cache; HF prefills every row), in chunks."""
     gpu, L = cluster.gpu, lengths_of(workload)
@@ -221,7 +223,7 @@ def _decode_shape(
 
 
 def _decode_roofline_s(
-    spec: ModelSpec, cluster: Cluster, workload: Workload, r: _Replica, steps: int, coef: TimeCoefficients
+    spec: ModelSpec, cluster: Cluster, workload: Workload, *, r: _Replica, steps: int, coef: TimeCoefficients
 ) -> float:
     """Two kernel classes per step, one after the other: the GEMMs stream the weight shard and compute
     2·P/t per running sequence (the larger of the two), then attention streams every live sequence's KV
@@ -257,7 +259,7 @@ def rollout_breakdown(
     """Prefill and decode of every response of the step (module docstring). `kv_cache_tokens_per_gpu`
     is the KV capacity the memory estimate found (None = unlimited: `max_num_seqs` caps concurrency)."""
     coef, gpu, L = coefficients, cluster.gpu, lengths_of(workload)
-    r = _replica(spec, cluster, workload, knobs, coef)
+    r = _replica(spec, cluster, workload, knobs, coef=coef)
     concurrency, steps = _decode_shape(workload, knobs, r, kv_cache_tokens_per_gpu)
     generated = r.seqs * L.response_mean
     sampler_bytes = SAMPLER_TRAFFIC_PER_HELD_BYTE * overheads.vllm_sampler_bytes_per_vocab_entry * spec.vocab_size
@@ -274,8 +276,8 @@ def rollout_breakdown(
         seqs_per_replica=r.seqs,
         concurrency=concurrency,
         decode_steps=steps,
-        prefill_s=_prefill_s(spec, cluster, workload, knobs, r, coef),
-        decode_roofline_s=_decode_roofline_s(spec, cluster, workload, r, steps, coef),
+        prefill_s=_prefill_s(spec, cluster, workload, knobs, r=r, coef=coef),
+        decode_roofline_s=_decode_roofline_s(spec, cluster, workload, r=r, steps=steps, coef=coef),
         decode_sampler_s=memory_seconds(generated * sampler_bytes, gpu, coef),
         decode_tp_comm_s=steps * (_hidden_all_reduces_s(spec, r, coef, batch) + _logits_gather_s(spec, r, coef, batch)),
         decode_overhead_s=overhead_s,

@@ -192,4 +192,10 @@ def pools(cluster: Cluster, knobs: Knobs) -> tuple[int, int]:
 
 def kv_bytes_per_token_per_gpu(spec: ModelSpec, tp: int, kv_bytes: int = BF16_BYTES) -> int:
     """2 (K and V) · L · ceil(kv_heads / t) · d · bytes: the memory model's own formula."""
-    return kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, tp, kv_bytes)
+    return kv_bytes_per_token(
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        tensor_parallel=tp,
+        kv_bytes=kv_bytes,
+    )

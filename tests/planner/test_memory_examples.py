@@ -98,10 +98,10 @@ def test_update_logits_scored_positions_in_the_estimate(est) -> None:
 
 def test_kv_bytes_per_token_qwen25_7b() -> None:
     # 28 layers, 4 kv heads, head_dim 128, bf16. t = 2: 2 heads per GPU → 2 × 28 × 2 × 128 × 2 = 28,672 bytes
-    assert kv_bytes_per_token(28, 4, 128, 2, 2) == 28_672
+    assert kv_bytes_per_token(num_layers=28, num_kv_heads=4, head_dim=128, tensor_parallel=2, kv_bytes=2) == 28_672
     # t = 8 > 4 kv heads: one replicated head per GPU → 14,336 bytes
-    assert kv_bytes_per_token(28, 4, 128, 8, 2) == 14_336
-    assert kv_bytes_per_token(28, 4, 128, 1, 2) == 57_344
+    assert kv_bytes_per_token(num_layers=28, num_kv_heads=4, head_dim=128, tensor_parallel=8, kv_bytes=2) == 14_336
+    assert kv_bytes_per_token(num_layers=28, num_kv_heads=4, head_dim=128, tensor_parallel=1, kv_bytes=2) == 57_344
 
 
 def test_vllm_budget_qwen25_7b_util_half_on_a100(spec_of, cluster_of) -> None:

@@ -30,7 +30,9 @@ def _budget(preexisting: int = 0, fraction: float = 0.5, **over):
         num_params=m.num_params,
         tensor_parallel=1,
         weight_bytes=2,
-        kv_bytes_per_token=kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, 1, 2),
+        kv_bytes_per_token=kv_bytes_per_token(
+            num_layers=m.num_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, tensor_parallel=1, kv_bytes=2
+        ),
         context_len=m.max_position_embeddings,
         max_running_requests=256,
         cuda_graph_max_bs=0,

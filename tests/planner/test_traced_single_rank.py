@@ -230,7 +230,13 @@ def test_hf_decode_loop_trace_matches_the_rollout_model() -> None:
     tr = trace_hf_decode(TINY, batch_seqs=rows, group_size=4, prompt_len_tokens=prompt, new_tokens=new)
     head = 2 * TINY.vocab_size * TINY.hidden_size
     assert tr.labels["Autocast Cast"] == head
-    kv32 = kv_bytes_per_token(TINY.num_layers, TINY.num_kv_heads, TINY.head_dim, 1, 4)
+    kv32 = kv_bytes_per_token(
+        num_layers=TINY.num_layers,
+        num_kv_heads=TINY.num_kv_heads,
+        head_dim=TINY.head_dim,
+        tensor_parallel=1,
+        kv_bytes=4,
+    )
     gen = hf_generate_memory(
         batch_seqs=rows,
         prompt_seqs=2,

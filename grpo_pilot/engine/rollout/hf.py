@@ -171,7 +171,14 @@ class HFRollout:
         with self._generation_mode(model, device):
             for start in range(0, len(order), rows):
                 chunk = order[start : start + rows]
-                outs = self._generate_chunk(model, [prompt_ids[i] for i in chunk], sampling, generator, weights, mode)
+                outs = self._generate_chunk(
+                    model,
+                    prompts=[prompt_ids[i] for i in chunk],
+                    sampling=sampling,
+                    generator=generator,
+                    weights=weights,
+                    mode=mode,
+                )
                 raw.update(zip(chunk, outs))
         return [
             finish_completion(raw[i], eos_ids=self.eos_ids, sampling=sampling, decode=self._decode)
@@ -261,6 +268,7 @@ class HFRollout:
     def _generate_chunk(
         self,
         model: Any,
+        *,
         prompts: list[list[int]],
         sampling: SamplingConfig,
         generator: torch.Generator,

@@ -296,7 +296,11 @@ def megatron_memory(ctx: MemoryContext, cluster: Cluster, *, finish: Finish) -> 
     p = _parts(ctx)
     m = ctx.model
     kv_per_token = kv_bytes_per_token(
-        m.num_layers, m.num_kv_heads, m.head_dim, ctx.knobs.rollout_tp, ctx.precision.rollout_bytes
+        num_layers=m.num_layers,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        tensor_parallel=ctx.knobs.rollout_tp,
+        kv_bytes=ctx.precision.rollout_bytes,
     )
     tokens = kv_tokens(p.budget.kv_cache_bytes, kv_per_token)
     return MegatronMemory(
