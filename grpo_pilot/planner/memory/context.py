@@ -333,6 +333,48 @@ def _held(
     return _Held(fam, states, autocast, update_tokens, log_prob_tokens)
 
 
+class _RolloutSide(NamedTuple):
+    """The process overheads and the rollout engine: its budget and what it keeps outside rollout."""
+
+    trainer_overheads: dict[str, int]
+    rollout_overheads: dict[str, int]
+    budget: VllmBudget | None
+    leftovers: dict[str, int]
+
+
+def _rollout_side(
+    model: ModelSpec,
+    cluster: Cluster,
+    knobs: Knobs,
+    *,
+    executor: ExecutorTraits,
+    overheads: Overheads,
+    sh: _Sharding,
+    held: _Held,
+) -> _RolloutSide:
+    """The trainer's and the rollout's process overheads, then the rollout engine's budget beside what the trainer
+    holds at its start, and what the engine keeps allocated during the training phases."""
+    lay, device = sh.layout, cluster.device
+    trainer_oh, rollout_oh = process_overheads(
+        overheads, device, sharded=lay.trainer_gpus > 1, ulysses_sp=knobs.ulysses_sp, split=lay.split
+    )
+    budget = _rollout_budget(
+        model,
+        knobs,
+        device=device,
+        device_bytes=cluster.device_memory_bytes,
+        prec=sh.precision,
+        overheads=overheads,
+        trainer_overheads=trainer_oh,
+        split=lay.split,
+        # the actor's parameters at the engine's start
+        held_bytes=held.states.master_bytes + held.states.frozen_base_bytes,
+        fam=held.fam,
+    )
+    leftovers = rollout_leftovers(budget, executor, lay.split, knobs.rollout_backend)
+    return _RolloutSide(trainer_oh, rollout_oh, budget, leftovers)
+
+
 def memory_context(
     model: ModelSpec,
     cluster: Cluster,
@@ -349,20 +391,8 @@ def memory_context(
     held = _held(model, workload, knobs, executor=executor, device=device, sh=sh)
     fam, states, autocast, update_tokens, log_prob_tokens = held
     c, has_ref = prec.compute_bytes, workload.use_kl_loss
-    trainer_oh, rollout_oh = process_overheads(
-        overheads, device, sharded=lay.trainer_gpus > 1, ulysses_sp=knobs.ulysses_sp, split=lay.split
-    )
-    budget = _rollout_budget(
-        model,
-        knobs,
-        device=device,
-        device_bytes=device_bytes,
-        prec=prec,
-        overheads=overheads,
-        trainer_overheads=trainer_oh,
-        split=lay.split,
-        held_bytes=states.master_bytes + states.frozen_base_bytes,  # the actor's parameters at the engine's start
-        fam=fam,
+    trainer_oh, rollout_oh, budget, leftovers = _rollout_side(
+        model, cluster, knobs, executor=executor, overheads=overheads, sh=sh, held=held
     )
     shared = dict(group_size=workload.n, applies=executor.shares_prompts and not sharded, compute_bytes=c)
     return MemoryContext(
@@ -390,7 +420,7 @@ def memory_context(
         trainer_overheads=trainer_oh,
         rollout_overheads=rollout_oh,
         vllm=budget,
-        rollout_leftovers=rollout_leftovers(budget, executor, lay.split, knobs.rollout_backend),
+        rollout_leftovers=leftovers,
         gathered_layers_bytes=gathered_layers_bytes(model.params_per_layer, prec.compute_bytes, unsharded=not sharded),
         root_gathered_bytes=root_gathered_bytes(
             model.embedding_params, model.lm_head_params, prec.compute_bytes, unsharded=not sharded
