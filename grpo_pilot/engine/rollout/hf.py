@@ -82,7 +82,13 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     # one formula for planner and engine (profiles/spec.py): one GPU, no tensor parallelism
-    return spec_kv_bytes_per_token(int(config.num_hidden_layers), kv_heads, head_dim, 1, dtype_bytes)
+    return spec_kv_bytes_per_token(
+        num_layers=int(config.num_hidden_layers),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        tensor_parallel=1,
+        kv_bytes=dtype_bytes,
+    )
 
 
 class _StopStringTail:
