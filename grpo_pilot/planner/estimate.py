@@ -258,13 +258,30 @@ def _static_decode(ctx: MemoryContext, batch: int) -> StaticDecode | None:
         prompt_seqs=groups_spanned(batch, w.n),
         prompt_tokens=w.prompt_len_tokens,
         response_tokens=w.response_len_tokens,
-        kv_bytes_per_token=kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, 1, step_bytes),
+        kv_bytes_per_token=kv_bytes_per_token(
+            num_layers=m.num_layers,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            tensor_parallel=1,
+            kv_bytes=step_bytes,
+        ),
         # the prefill runs the module itself: the fp32 policy under autocast keeps a float32 cache, as eager
         prefill_kv_bytes_per_token=kv_bytes_per_token(
-            m.num_layers, m.num_kv_heads, m.head_dim, 1, FP32_BYTES if ctx.autocast else c
+            num_layers=m.num_layers,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            tensor_parallel=1,
+            kv_bytes=FP32_BYTES if ctx.autocast else c,
         ),
         layers=m.num_layers,
-        prefill_bytes_per_token=forward_bytes_per_token(m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size, 1, c),
+        prefill_bytes_per_token=forward_bytes_per_token(
+            hidden=m.hidden_size,
+            q_dim=m.q_dim,
+            kv_dim=m.kv_dim,
+            intermediate=m.intermediate_size,
+            tensor_parallel=1,
+            compute_bytes=c,
+        ),
         vocab=m.vocab_size,
         compute_bytes=step_bytes,
         head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
