@@ -147,7 +147,7 @@ def replay(
         fallback_seed=seed,
     )
     runner = ReplayRunner(table, space, random.Random(seed))
-    records = Sweep(study, plan, setup, settings, runner, Quiet()).run()
+    records = Sweep(study, plan, setup, settings, runner=runner, events=Quiet()).run()
     return [point_key(r.params) for r in records if r.status != "pruned"]
 
 

@@ -112,7 +112,7 @@ def _cluster(gpus: str, host_bytes: int | None) -> Cluster:
     return parse_cluster(gpus, host_bytes)
 
 
-def _inputs(model: str, cluster: Cluster, workload: Workload, target: str, headroom_gib: float | None):
+def _inputs(model: str, cluster: Cluster, workload: Workload, target: str, *, headroom_gib: float | None):
     from grpo_pilot.planner.evaluate import PlanInputs, model_ref
 
     resolved = resolve_model(model)
@@ -262,7 +262,7 @@ def _plan_launch(args: PlanArgs, lengths: dict[str, Any], host_bytes: int | None
     model, cluster, workload, knobs, notes, launch_target, hf_overrides = _launch(args, host_bytes, lengths)
     if args.pin:
         knobs = Knobs(**{**knobs.model_dump(), **parse_pins(args.pin)})
-    inputs = _inputs(model, cluster, workload, args.target or launch_target, args.headroom_gib)
+    inputs = _inputs(model, cluster, workload, args.target or launch_target, headroom_gib=args.headroom_gib)
     inputs, model_notes = _with_hf_overrides(inputs, hf_overrides)
     inputs, note = _calibrate(inputs, args)
     plan, changes = _evaluate_launch(inputs, knobs, args.trials, args.seed)
@@ -288,7 +288,7 @@ def _plan_search(args: PlanArgs, lengths: dict[str, Any], host_bytes: int | None
     # --emit verl plans for verl's memory behaviour; PPO and --compare for verl, the executor running both
     target = args.target or args.emit or ("verl" if (args.compare or args.algorithm == "ppo") else "grpo-pilot")
     check_executor_pins(target, pins)
-    inputs = _inputs(args.model, _cluster(args.gpus, host_bytes), workload, target, args.headroom_gib)
+    inputs = _inputs(args.model, _cluster(args.gpus, host_bytes), workload, target, headroom_gib=args.headroom_gib)
     inputs, note = _calibrate(inputs, args)
     plan = make_plan(inputs, pins=pins, trials=args.trials, seed=args.seed)
     if not plan.fits:

@@ -82,7 +82,7 @@ def _summary(records: list[Any], out: Console) -> None:
 
 
 def _calibrate_only(
-    base: Any, url: str, name: str, out: Path, quiet: bool, err: Console, sweep_adapter: bool = False
+    base: Any, *, url: str, name: str, out: Path, quiet: bool, err: Console, sweep_adapter: bool = False
 ) -> None:
     """Fit OUT/calibration.json from the study's measured trials (no trial runs, no engine needed)."""
     from grpo_pilot.tuner.report import write_calibration
@@ -218,7 +218,15 @@ def main(args: TuneArgs) -> None:
     with DirectoryLock(args.out, "grpo-tune"):  # a second grpo-tune on this --out is refused with our PID
         try:
             if args.calibrate_only:
-                _calibrate_only(base, url, args.study, args.out, args.quiet, err, args.sweep_adapter)
+                _calibrate_only(
+                    base,
+                    url=url,
+                    name=args.study,
+                    out=args.out,
+                    quiet=args.quiet,
+                    err=err,
+                    sweep_adapter=args.sweep_adapter,
+                )
                 return
             check_plan_out(args.out / "plan.json", flag="--out")  # the best plan goes there: only over a plan
             space = build_space(base, sweep_adapter=args.sweep_adapter)  # before the storage: a refusal leaves nothing
@@ -232,14 +240,14 @@ def main(args: TuneArgs) -> None:
         if not args.quiet:
             dims = ", ".join(f"{k} ({len(v)})" for k, v in setup.space.choices.items())
             _note(err, f"study '{args.study}' in {url}; space: {dims} = {setup.space.size} points", prefix="")
-        _sweep(the_study, base, setup, _settings(args, cap), url, args.quiet, err)
+        _sweep(the_study, base, setup=setup, settings=_settings(args, cap), url=url, quiet=args.quiet, err=err)
 
 
 def _note(out: Console, text: str, prefix: str = "note: ") -> None:
     out.print(f"{prefix}{text}", highlight=False, markup=False, soft_wrap=True)
 
 
-def _sweep(the_study: Any, base: Any, setup: Any, settings: Any, url: str, quiet: bool, err: Console) -> None:
+def _sweep(the_study: Any, base: Any, *, setup: Any, settings: Any, url: str, quiet: bool, err: Console) -> None:
     """Run the trials, then write the outputs (also after Ctrl-C / SIGTERM) and print the summary."""
     from grpo_pilot.tuner.display import SweepDisplay
     from grpo_pilot.tuner.report import write_outputs
@@ -253,7 +261,7 @@ def _sweep(the_study: Any, base: Any, setup: Any, settings: Any, url: str, quiet
     failure: BaseException | None = None
     try:
         with SweepDisplay(err, quiet=quiet) as display:
-            Sweep(the_study, base, setup, settings, SubprocessRunner(), display).run()
+            Sweep(the_study, base, setup, settings, runner=SubprocessRunner(), events=display).run()
     except (KeyboardInterrupt, RunError) as exc:
         failure = exc
     finally:

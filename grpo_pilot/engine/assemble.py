@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -195,12 +195,21 @@ def hf_decode_of(plan: Plan, cfg: RunConfig) -> str:
     return cfg.hf_decode or plan.knobs.hf_decode
 
 
-def build_engine(
-    plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = None, address: str | None = None
-) -> Engine:
-    """Validate inputs, build tokenizer, prompts, reward and sampler, then start the workers."""
+class _Checked(NamedTuple):
+    """What the checks before any worker starts resolve: the sampling cap, the mini-batch, the loss, the
+    rollout backend, the worker topology and the device."""
 
-    w, k = plan.workload, plan.knobs
+    max_new: int
+    mini: int
+    loss: LossSettings
+    backend: str
+    topology: Topology
+    device: torch.device
+
+
+def _check_run(plan: Plan, cfg: RunConfig, address: str | None) -> _Checked:
+    """The run config against the plan, the workers the plan needs against this machine's (module docstring)."""
+    w = plan.workload
     max_new = cfg.max_new_tokens or w.response_len_tokens
     if max_new > w.response_len_tokens:
         raise InputError(
@@ -215,7 +224,7 @@ def build_engine(
         )
     _check_budgets(plan, w.prompt_len_tokens + max_new)
     loss = resolve_loss(plan, cfg, max_new)
-    backend = cfg.rollout_backend or k.rollout_backend
+    backend = cfg.rollout_backend or plan.knobs.rollout_backend
     topology = _check_executable(plan, backend)
     if address is None and not in_ray_session():  # this machine alone: its GPUs must hold the plan, before Ray
         check_local_gpus(
@@ -227,8 +236,20 @@ def build_engine(
         )
     device = pick_device(cfg.device)
     _check_adapter(plan, backend, topology, device)
+    return _Checked(max_new, mini, loss, backend, topology, device)
 
-    source = model_source(plan, plan_path)
+
+class _Inputs(NamedTuple):
+    """The driver's data: the tokenizer, the prompt records and their token ids, the reward."""
+
+    tokenizer: Any
+    prompts: PromptSet
+    prompt_ids: list[list[int]]
+    reward: Any
+
+
+def _load_inputs(plan: Plan, cfg: RunConfig, source: str) -> _Inputs:
+    """Build the tokenizer, load and tokenise the prompts, build the reward and check it against the records."""
     tokenizer = build_tokenizer(source)
     prompts = load_prompts(
         cfg.dataset,
@@ -237,19 +258,51 @@ def build_engine(
         skip_invalid=cfg.skip_invalid,
         timeout_s=cfg.user_code_timeout_s,
     )
-    prompt_ids = tokenize_prompts(prompts, tokenizer, w.prompt_len_tokens)
+    prompt_ids = tokenize_prompts(prompts, tokenizer, plan.workload.prompt_len_tokens)
     settings = RewardSettings(
         user_code_timeout_s=cfg.user_code_timeout_s, allow_unsandboxed_code=cfg.allow_unsandboxed_code
     )
     reward = build_reward(cfg.reward, tokenizer=tokenizer, settings=settings)
     reward.check_records(prompts.records)  # e.g. exact_match needs an answer on every record: fail before training
+    return _Inputs(tokenizer, prompts, prompt_ids, reward)
 
-    kv_bytes = None
+
+def _cpu_vllm_kv_bytes(plan: Plan, backend: str, device: torch.device) -> int | None:
+    """vLLM-CPU's KV cache size from the plan (None elsewhere: vLLM sizes it from its utilisation)."""
     if backend == "vllm" and device.type == "cpu" and plan.kv_cache_tokens_per_gpu > 0:
         spec = plan.model.spec  # the plan's own token count × the planner's own bytes per token (vLLM-CPU: fp32)
-        kv_bytes = plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(  # profiles/spec.py: the planner's formula
-            spec.num_layers, spec.num_kv_heads, spec.head_dim, 1, 4
+        return plan.kv_cache_tokens_per_gpu * kv_bytes_per_token(  # profiles/spec.py: the planner's formula
+            num_layers=spec.num_layers,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            tensor_parallel=1,
+            kv_bytes=4,
         )
+    return None
+
+
+def _sampling(cfg: RunConfig, max_new: int) -> SamplingConfig:
+    """The rollout's sampling settings from the run config, capped at `max_new` tokens."""
+    return SamplingConfig(
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        max_new_tokens=max_new,
+        stop=cfg.stop,
+        seed=cfg.seed,
+    )
+
+
+def build_engine(
+    plan: Plan, cfg: RunConfig, *, plan_path: str | Path | None = None, address: str | None = None
+) -> Engine:
+    """Validate inputs, build tokenizer, prompts, reward and sampler, then start the workers."""
+
+    w, k = plan.workload, plan.knobs
+    max_new, mini, loss, backend, topology, device = _check_run(plan, cfg, address)
+    source = model_source(plan, plan_path)
+    tokenizer, prompts, prompt_ids, reward = _load_inputs(plan, cfg, source)
+    kv_bytes = _cpu_vllm_kv_bytes(plan, backend, device)
     vocab = plan.model.spec.vocab_size
     setup = WorkerSetup(
         model_source=source,
@@ -289,14 +342,7 @@ def build_engine(
         reward=reward,
         group=group,
         loss=loss,
-        sampling=SamplingConfig(
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            max_new_tokens=max_new,
-            stop=cfg.stop,
-            seed=cfg.seed,
-        ),
+        sampling=_sampling(cfg, max_new),
         n=w.n,
         prompts_per_step=w.prompts_per_step,
         mini_batch_prompts=mini,

@@ -345,6 +345,29 @@ def _restore_termination(previous: Any) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _restore(eng: Engine, ckpt: Checkpoint) -> None:
+    """Load a --resume checkpoint into the workers (model and optimizer), the sampler and the RNGs; a damaged
+    one is an InputError."""
+    try:
+        eng.group.load_state(str(ckpt.path))
+    except GrpoPilotError:
+        raise
+    except Exception as exc:  # a shard missing or damaged: the checkpoint's problem, not a bug
+        raise InputError(
+            f"Checkpoint '{ckpt.path}' cannot be read: its model/optimizer state does not load "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}).",
+            DAMAGED_HINT,
+        ) from None
+    eng.sampler.load_state_dict(ckpt.state["sampler"])
+    try:
+        restore_rng(ckpt.rng)
+    except (TypeError, ValueError, KeyError, RuntimeError) as exc:
+        raise InputError(
+            f"Checkpoint '{ckpt.path}' cannot be read: its rng.pt holds unusable generator states ({exc}).",
+            DAMAGED_HINT,
+        ) from None
+
+
 def _run_locked(
     plan: Plan, config: RunConfig, *, plan_path: str | Path | None, events: RunEvents, address: str | None
 ) -> RunResult:
@@ -371,24 +394,7 @@ def _run_locked(
     try:
         rd.write_workers(eng.group.infos)
         if ckpt is not None:
-            try:
-                eng.group.load_state(str(ckpt.path))
-            except GrpoPilotError:
-                raise
-            except Exception as exc:  # a shard missing or damaged: the checkpoint's problem, not a bug
-                raise InputError(
-                    f"Checkpoint '{ckpt.path}' cannot be read: its model/optimizer state does not load "
-                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}).",
-                    DAMAGED_HINT,
-                ) from None
-            eng.sampler.load_state_dict(ckpt.state["sampler"])
-            try:
-                restore_rng(ckpt.rng)
-            except (TypeError, ValueError, KeyError, RuntimeError) as exc:
-                raise InputError(
-                    f"Checkpoint '{ckpt.path}' cannot be read: its rng.pt holds unusable generator states ({exc}).",
-                    DAMAGED_HINT,
-                ) from None
+            _restore(eng, ckpt)
             start_step = ckpt.step
         if config.resume:
             for note in rd.rewind(ckpt.state if ckpt is not None else None, start_step):
@@ -427,11 +433,11 @@ def _run_locked(
     finally:
         eng.reward.close()  # user reward workers and every process they started
         eng.group.close()
-    return _finish(plan, eng, rd, done, start_step, shared)
+    return _finish(plan, eng, rd, done=done, start_step=start_step, shared=shared)
 
 
 def _finish(
-    plan: Plan, eng: Engine, rd: RunDirectory, done: list[StepResult], start_step: int, shared: int
+    plan: Plan, eng: Engine, rd: RunDirectory, *, done: list[StepResult], start_step: int, shared: int
 ) -> RunResult:
     """profile.json (per worker and aggregated, with the plan-mismatch notes) and the run's result."""
     topo = eng.topology

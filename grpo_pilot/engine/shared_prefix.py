@@ -120,7 +120,7 @@ def prefix_batch(
     )
 
 
-def _layer(layer: Any, h: Tensor, cos: Tensor, sin: Tensor, batch: PrefixBatch, rotary: Any) -> Tensor:
+def _layer(layer: Any, h: Tensor, *, cos: Tensor, sin: Tensor, batch: PrefixBatch, rotary: Any) -> Tensor:
     """One decoder layer over the flat token batch h [T, hidden] (prompt rows first, then responses)."""
     attn = layer.self_attn
     u, p = batch.prompt_ids.shape
@@ -172,7 +172,7 @@ def shared_prefix_hidden(model: Any, batch: PrefixBatch) -> Tensor:
     use_checkpoint = bool(getattr(model, "is_gradient_checkpointing", False)) and torch.is_grad_enabled()
     for layer in decoder.layers:
         if use_checkpoint:
-            h = checkpoint(_layer, layer, h, cos, sin, batch, rotary, use_reentrant=False)
+            h = checkpoint(_layer, layer, h, cos=cos, sin=sin, batch=batch, rotary=rotary, use_reentrant=False)
         else:
-            h = _layer(layer, h, cos, sin, batch, rotary)
+            h = _layer(layer, h, cos=cos, sin=sin, batch=batch, rotary=rotary)
     return decoder.norm(h.index_select(0, batch.scored))

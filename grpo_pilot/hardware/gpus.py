@@ -34,7 +34,7 @@ class GPUSpec(Frozen):
     is_cpu: bool = Field(default=False, description="The `cpu` pseudo-device (local runs, fp32).")
 
 
-def _g(name: str, mem: int, tflops: float, hbm_gb_s: float, link: float, source: str) -> GPUSpec:
+def _g(name: str, *, mem: int, tflops: float, hbm_gb_s: float, link: float, source: str) -> GPUSpec:
     return GPUSpec(
         name=name,
         memory_bytes=mem,
@@ -54,186 +54,186 @@ CATALOG: dict[str, GPUSpec] = {
     for g in [
         _g(
             "A100-40G",
-            40960 * MiB,
-            312,
-            1555,
-            300 * GB,
-            "NVIDIA A100 datasheet, SXM4 40GB: BF16 312 TF dense (624 sparse), HBM2 1,555 GB/s, NVLink3 600 GB/s "
-            "bidirectional; nvidia-smi 40960 MiB",
+            mem=40960 * MiB,
+            tflops=312,
+            hbm_gb_s=1555,
+            link=300 * GB,
+            source="NVIDIA A100 datasheet, SXM4 40GB: BF16 312 TF dense (624 sparse), HBM2 1,555 GB/s, "
+            "NVLink3 600 GB/s bidirectional; nvidia-smi 40960 MiB",
         ),
         _g(
             "A100-80G",
-            81920 * MiB,
-            312,
-            2039,
-            300 * GB,
-            "NVIDIA A100 datasheet, SXM4 80GB: BF16 312 TF dense (624 sparse), HBM2e 2,039 GB/s, NVLink3 600 GB/s "
-            "bidirectional; nvidia-smi 81920 MiB",
+            mem=81920 * MiB,
+            tflops=312,
+            hbm_gb_s=2039,
+            link=300 * GB,
+            source="NVIDIA A100 datasheet, SXM4 80GB: BF16 312 TF dense (624 sparse), HBM2e 2,039 GB/s, "
+            "NVLink3 600 GB/s bidirectional; nvidia-smi 81920 MiB",
         ),
         _g(
             "A800-80G",
-            81920 * MiB,
-            312,
-            2039,
-            200 * GB,
-            "NVIDIA A800 80GB SXM4 (A100 for export markets): A100 80GB compute and memory (BF16 312 TF dense, "
+            mem=81920 * MiB,
+            tflops=312,
+            hbm_gb_s=2039,
+            link=200 * GB,
+            source="NVIDIA A800 80GB SXM4 (A100 for export markets): A100 80GB compute and memory (BF16 312 TF dense, "
             "HBM2e 2,039 GB/s), NVLink reduced to 400 GB/s bidirectional; nvidia-smi 81920 MiB",
         ),
         _g(
             "H100-80G",
-            81559 * MiB,
-            989,
-            3350,
-            450 * GB,
-            "NVIDIA H100 datasheet, SXM5: BF16 989 TF dense (1,979 sparse), HBM3 3.35 TB/s, NVLink4 900 GB/s "
+            mem=81559 * MiB,
+            tflops=989,
+            hbm_gb_s=3350,
+            link=450 * GB,
+            source="NVIDIA H100 datasheet, SXM5: BF16 989 TF dense (1,979 sparse), HBM3 3.35 TB/s, NVLink4 900 GB/s "
             "bidirectional; nvidia-smi 81559 MiB",
         ),
         _g(
             "H100-PCIE",
-            81559 * MiB,
-            756,
-            2000,
-            PCIE5_X16,
-            "NVIDIA H100 datasheet, PCIe: BF16 756 TF dense (1,513 sparse), HBM2e 2.0 TB/s, PCIe 5.0 x16 "
+            mem=81559 * MiB,
+            tflops=756,
+            hbm_gb_s=2000,
+            link=PCIE5_X16,
+            source="NVIDIA H100 datasheet, PCIe: BF16 756 TF dense (1,513 sparse), HBM2e 2.0 TB/s, PCIe 5.0 x16 "
             "(128 GB/s bidirectional; NVLink bridge not assumed); nvidia-smi 81559 MiB",
         ),
         _g(
             "H800",
-            81559 * MiB,
-            989,
-            3350,
-            200 * GB,
-            "NVIDIA H800 SXM5: H100 SXM5 compute and memory (BF16 989 TF dense, 3.35 TB/s), NVLink 400 GB/s "
+            mem=81559 * MiB,
+            tflops=989,
+            hbm_gb_s=3350,
+            link=200 * GB,
+            source="NVIDIA H800 SXM5: H100 SXM5 compute and memory (BF16 989 TF dense, 3.35 TB/s), NVLink 400 GB/s "
             "bidirectional; nvidia-smi 81559 MiB",
         ),
         _g(
             "H20",
-            97871 * MiB,
-            148,
-            4000,
-            450 * GB,
-            "NVIDIA H20 product brief: BF16/FP16 148 TF dense (296 INT8 TOPS), 96 GB HBM3 at 4.0 TB/s, NVLink "
+            mem=97871 * MiB,
+            tflops=148,
+            hbm_gb_s=4000,
+            link=450 * GB,
+            source="NVIDIA H20 product brief: BF16/FP16 148 TF dense (296 INT8 TOPS), 96 GB HBM3 at 4.0 TB/s, NVLink "
             "900 GB/s bidirectional; nvidia-smi 97871 MiB",
         ),
         _g(
             "H20-141G",
-            143771 * MiB,
-            148,
-            4800,
-            450 * GB,
-            "NVIDIA H20 141 GB variant (the H20 ships with 96 GB or 141 GB HBM3e): H20 compute (BF16 148 TF dense), "
-            "NVLink 900 GB/s bidirectional; memory as the H200's six HBM3e stacks, 143771 MiB. The vendor publishes "
-            "no bandwidth for this variant: 4.8 TB/s (the H200's, same stacks) is an assumption",
+            mem=143771 * MiB,
+            tflops=148,
+            hbm_gb_s=4800,
+            link=450 * GB,
+            source="NVIDIA H20 141 GB variant (the H20 ships with 96 GB or 141 GB HBM3e): H20 compute "
+            "(BF16 148 TF dense), NVLink 900 GB/s bidirectional; memory as the H200's six HBM3e stacks, 143771 MiB. "
+            "The vendor publishes no bandwidth for this variant: 4.8 TB/s (the H200's, same stacks) is an assumption",
         ),
         _g(
             "H200",
-            143771 * MiB,
-            989,
-            4800,
-            450 * GB,
-            "NVIDIA H200 datasheet, SXM: BF16 989 TF dense (1,979 sparse), 141 GB HBM3e at 4.8 TB/s, NVLink4 "
+            mem=143771 * MiB,
+            tflops=989,
+            hbm_gb_s=4800,
+            link=450 * GB,
+            source="NVIDIA H200 datasheet, SXM: BF16 989 TF dense (1,979 sparse), 141 GB HBM3e at 4.8 TB/s, NVLink4 "
             "900 GB/s bidirectional; nvidia-smi 143771 MiB",
         ),
         _g(
             "B200",
-            183359 * MiB,
-            2250,
-            7700,
-            900 * GB,
-            "NVIDIA HGX B200 spec table, per GPU at 1,000 W: FP16/BF16 4.5 PF with sparsity = 2.25 PF dense, "
+            mem=183359 * MiB,
+            tflops=2250,
+            hbm_gb_s=7700,
+            link=900 * GB,
+            source="NVIDIA HGX B200 spec table, per GPU at 1,000 W: FP16/BF16 4.5 PF with sparsity = 2.25 PF dense, "
             "180 GB HBM3e at 7.7 TB/s, NVLink5 1.8 TB/s bidirectional; nvidia-smi 183359 MiB",
         ),
         _g(
             "L40S",
-            46068 * MiB,
-            362,
-            864,
-            PCIE4_X16,
-            "NVIDIA L40S datasheet: BF16 362 TF dense (733 sparse), 48 GB GDDR6 at 864 GB/s, PCIe 4.0 x16; "
+            mem=46068 * MiB,
+            tflops=362,
+            hbm_gb_s=864,
+            link=PCIE4_X16,
+            source="NVIDIA L40S datasheet: BF16 362 TF dense (733 sparse), 48 GB GDDR6 at 864 GB/s, PCIe 4.0 x16; "
             "nvidia-smi 46068 MiB (ECC on)",
         ),
         _g(
             "L4",
-            23034 * MiB,
-            121,
-            300,
-            PCIE4_X16,
-            "NVIDIA L4 datasheet: BF16 121 TF dense (242 sparse), 24 GB GDDR6 at 300 GB/s, PCIe 4.0 x16; "
+            mem=23034 * MiB,
+            tflops=121,
+            hbm_gb_s=300,
+            link=PCIE4_X16,
+            source="NVIDIA L4 datasheet: BF16 121 TF dense (242 sparse), 24 GB GDDR6 at 300 GB/s, PCIe 4.0 x16; "
             "nvidia-smi 23034 MiB",
         ),
         _g(
             "A10G",
-            23028 * MiB,
-            70,
-            600,
-            PCIE4_X16,
-            "AWS G5 / A10G: 24 GB GDDR6 at 600 GB/s, PCIe 4.0 x16; nvidia-smi 23028 MiB. BF16 dense is not "
+            mem=23028 * MiB,
+            tflops=70,
+            hbm_gb_s=600,
+            link=PCIE4_X16,
+            source="AWS G5 / A10G: 24 GB GDDR6 at 600 GB/s, PCIe 4.0 x16; nvidia-smi 23028 MiB. BF16 dense is not "
             "published by NVIDIA: 70 TF = 80 SMs x 1.71 GHz x 512 FLOP/clk (GA102 rate with FP32 accumulate, "
             "Ampere GA102 whitepaper); the A10's 125 TF is not reached (uncertain, calibrate by measurement)",
         ),
         _g(
             "A6000",
-            49140 * MiB,
-            155,
-            768,
-            PCIE4_X16,
-            "NVIDIA RTX A6000 datasheet: tensor 309.7 TF with sparsity = 154.8 TF BF16 dense, 48 GB GDDR6 at "
+            mem=49140 * MiB,
+            tflops=155,
+            hbm_gb_s=768,
+            link=PCIE4_X16,
+            source="NVIDIA RTX A6000 datasheet: tensor 309.7 TF with sparsity = 154.8 TF BF16 dense, 48 GB GDDR6 at "
             "768 GB/s, PCIe 4.0 x16; nvidia-smi 49140 MiB (ECC off)",
         ),
         _g(
             "RTX3090",
-            24576 * MiB,
-            71,
-            936,
-            PCIE4_X16,
-            "NVIDIA Ampere GA102 whitepaper, RTX 3090: BF16 tensor with FP32 accumulate 71 TF dense, 936 GB/s; "
+            mem=24576 * MiB,
+            tflops=71,
+            hbm_gb_s=936,
+            link=PCIE4_X16,
+            source="NVIDIA Ampere GA102 whitepaper, RTX 3090: BF16 tensor with FP32 accumulate 71 TF dense, 936 GB/s; "
             "PCIe 4.0 x16",
         ),
         _g(
             "RTX4090",
-            24564 * MiB,
-            165,
-            1008,
-            PCIE4_X16,
-            "NVIDIA Ada Lovelace whitepaper, RTX 4090: BF16 tensor with FP32 accumulate 165.2 TF dense, "
+            mem=24564 * MiB,
+            tflops=165,
+            hbm_gb_s=1008,
+            link=PCIE4_X16,
+            source="NVIDIA Ada Lovelace whitepaper, RTX 4090: BF16 tensor with FP32 accumulate 165.2 TF dense, "
             "1,008 GB/s; PCIe 4.0 x16",
         ),
         _g(
             "RTX5090",
-            32607 * MiB,
-            209,
-            1792,
-            PCIE5_X16,
-            "NVIDIA RTX Blackwell whitepaper, RTX 5090: BF16 tensor with FP32 accumulate 209.5 TF dense "
+            mem=32607 * MiB,
+            tflops=209,
+            hbm_gb_s=1792,
+            link=PCIE5_X16,
+            source="NVIDIA RTX Blackwell whitepaper, RTX 5090: BF16 tensor with FP32 accumulate 209.5 TF dense "
             "(170 SMs), 32 GB GDDR7 at 1,792 GB/s, PCIe 5.0 x16; nvidia-smi 32607 MiB",
         ),
         _g(
             "L20",
-            46068 * MiB,
-            119.5,
-            864,
-            PCIE4_X16,
-            "NVIDIA L20 (AD102, 92 SMs, 48 GB GDDR6 at 864 GB/s, PCIe 4.0 x16; the corpus's CI runner 'L20x8'): "
+            mem=46068 * MiB,
+            tflops=119.5,
+            hbm_gb_s=864,
+            link=PCIE4_X16,
+            source="NVIDIA L20 (AD102, 92 SMs, 48 GB GDDR6 at 864 GB/s, PCIe 4.0 x16; the corpus's CI runner 'L20x8'): "
             "nvidia-smi total taken as the L40S's 46068 MiB (same 48 GB ECC part). BF16 dense 119.5 TF = 92 SMs x "
             "2.52 GHz x 512 FLOP/clk: NVIDIA publishes no datasheet figure here; uncertain, calibrate by measurement",
         ),
         _g(
             "T4",
-            15095 * MiB,
-            65,
-            320,
-            16 * GB,
-            "NVIDIA T4 datasheet: FP16/FP32 mixed-precision tensor 65 TF dense (no BF16: the 2-byte compute dtype is "
-            "fp16), 16 GB GDDR6 at 320 GB/s, PCIe 3.0 x16 (16 GB/s); memory as torch reports it on Colab's T4, "
-            "'Max memory = 14.741 GB' (huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb output)",
+            mem=15095 * MiB,
+            tflops=65,
+            hbm_gb_s=320,
+            link=16 * GB,
+            source="NVIDIA T4 datasheet: FP16/FP32 mixed-precision tensor 65 TF dense (no BF16: the 2-byte compute "
+            "dtype is fp16), 16 GB GDDR6 at 320 GB/s, PCIe 3.0 x16 (16 GB/s); memory as torch reports it on Colab's "
+            "T4, 'Max memory = 14.741 GB' (huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb output)",
         ),
         _g(
             "MI300X",
-            196592 * MiB,
-            1307,
-            5300,
-            448 * GB,
-            "AMD Instinct MI300X datasheet: BF16 1,307.4 TF dense (2,614.9 sparse), 192 GB HBM3 at 5.3 TB/s, "
+            mem=196592 * MiB,
+            tflops=1307,
+            hbm_gb_s=5300,
+            link=448 * GB,
+            source="AMD Instinct MI300X datasheet: BF16 1,307.4 TF dense (2,614.9 sparse), 192 GB HBM3 at 5.3 TB/s, "
             "Infinity Fabric 7 links, 896 GB/s aggregate bidirectional; rocm-smi 206141652992 B",
         ),
     ]

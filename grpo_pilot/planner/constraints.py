@@ -48,21 +48,12 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def structural_checks(
-    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, target: Target = "grpo-pilot"
-) -> tuple[Check, ...]:
-    """The divisibility and size rules that need no memory estimate (cheap: used to prune trials)."""
-    rollout_gpus, train_gpus = pools(cluster, knobs)
-    tp, sp, seq = knobs.rollout_tp, knobs.ulysses_sp, workload.seq_len_tokens
-    scale = sp if traits_for(target).budget_scaled_by_sp else 1  # verl multiplies budgets by SP; ours and TRL do not
-    times_sp = f" × ulysses_sp={sp}" if scale > 1 else ""
+def _batch_rules(workload: Workload, knobs: Knobs, train_gpus: int, dp: int) -> list[Check]:
+    """The batch sizes against the data-parallel ranks and the micro-batch."""
     responses = workload.responses_per_step
-    dp = train_gpus // data_parallel_divisor(knobs) if sp <= train_gpus else 0
     mini_per_gpu = workload.mini_batch_prompts * workload.n // dp if dp else 0
     micro = knobs.micro_batch_size_per_gpu
-    vllm = knobs.rollout_backend != "hf"  # a rollout engine with its own TP (vLLM or SGLang)
-    heads, kv = spec.num_attention_heads, spec.num_kv_heads
-    checks = [
+    return [
         _rule(
             "batch.divisible_by_world",
             responses % minimal_batch(knobs, train_gpus, dp) == 0,
@@ -86,6 +77,15 @@ def structural_checks(
             knobs.dynamic_batching or micro is None or (mini_per_gpu > 0 and mini_per_gpu % micro == 0),
             f"the per-GPU mini-batch ({mini_per_gpu} responses) is not divisible by micro_batch_size_per_gpu={micro}.",
         ),
+    ]
+
+
+def _parallel_rules(spec: ModelSpec, knobs: Knobs, rollout_gpus: int, train_gpus: int) -> list[Check]:
+    """Rollout TP and Ulysses SP against the GPUs of their pools and the model's heads."""
+    tp, sp = knobs.rollout_tp, knobs.ulysses_sp
+    vllm = knobs.rollout_backend != "hf"  # a rollout engine with its own TP (vLLM or SGLang)
+    heads, kv = spec.num_attention_heads, spec.num_kv_heads
+    return [
         _rule(
             "rollout.world_divisible_by_tp",
             not vllm or rollout_gpus % tp == 0,
@@ -106,6 +106,15 @@ def structural_checks(
             train_gpus % sp == 0,
             f"the {train_gpus} training GPUs are not divisible by ulysses_sp={sp}.",
         ),
+    ]
+
+
+def _length_rules(spec: ModelSpec, workload: Workload, knobs: Knobs, target: Target) -> list[Check]:
+    """One sequence against the token budgets, vLLM's batched tokens and the model's positions."""
+    sp, seq = knobs.ulysses_sp, workload.seq_len_tokens
+    scale = sp if traits_for(target).budget_scaled_by_sp else 1  # verl multiplies budgets by SP; ours and TRL do not
+    times_sp = f" × ulysses_sp={sp}" if scale > 1 else ""
+    return [
         _rule(
             "token_budget.update",
             not knobs.dynamic_batching or (knobs.max_token_len_per_gpu or 0) * scale >= seq,
@@ -127,14 +136,32 @@ def structural_checks(
             seq <= spec.max_position_embeddings,
             f"prompt + response = {seq} tokens exceeds the model's {spec.max_position_embeddings} positions.",
         ),
-        _rule(
-            "split.pools",
-            knobs.placement == "colocated"
-            or knobs.rollout_backend == "hf"
-            or (cluster.gpus_per_node >= 2 and knobs.split_rollout_gpus_per_node < cluster.gpus_per_node),
-            "split placement needs at least one rollout and one training GPU per node "
-            f"({cluster.gpus_per_node} per node, split_rollout_gpus_per_node={knobs.split_rollout_gpus_per_node}).",
-        ),
+    ]
+
+
+def _split_rule(cluster: Cluster, knobs: Knobs) -> Check:
+    """Split placement leaves each node at least one rollout and one training GPU."""
+    return _rule(
+        "split.pools",
+        knobs.placement == "colocated"
+        or knobs.rollout_backend == "hf"
+        or (cluster.gpus_per_node >= 2 and knobs.split_rollout_gpus_per_node < cluster.gpus_per_node),
+        "split placement needs at least one rollout and one training GPU per node "
+        f"({cluster.gpus_per_node} per node, split_rollout_gpus_per_node={knobs.split_rollout_gpus_per_node}).",
+    )
+
+
+def structural_checks(
+    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, *, target: Target = "grpo-pilot"
+) -> tuple[Check, ...]:
+    """The divisibility and size rules that need no memory estimate (cheap: used to prune trials)."""
+    rollout_gpus, train_gpus = pools(cluster, knobs)
+    dp = train_gpus // data_parallel_divisor(knobs) if knobs.ulysses_sp <= train_gpus else 0
+    checks = [
+        *_batch_rules(workload, knobs, train_gpus, dp),
+        *_parallel_rules(spec, knobs, rollout_gpus, train_gpus),
+        *_length_rules(spec, workload, knobs, target),
+        _split_rule(cluster, knobs),
     ]
     return tuple(checks) + family_checks(spec, workload, knobs, train_gpus=train_gpus, dp=dp)
 

@@ -72,7 +72,15 @@ def critic_times(
     gather = ring_time_s(BF16_BYTES * params, ts.shards, ts.bw)
     dispatch = train_dispatch_s(spec, 1, coefficients)
     offload_s = 2 * FP32_BYTES * shard / ts.host if knobs.critic_param_offload else 0.0
-    values = micro_loop_s(seqs, per_micro, ts.seq, token_seconds(fwd, ts.gpu, coefficients), gather, 0.0, dispatch)
+    values = micro_loop_s(
+        seqs=seqs,
+        per_micro=per_micro,
+        tokens_per_seq=ts.seq,
+        compute_s_per_token=token_seconds(fwd, ts.gpu, coefficients),
+        comm_s_per_micro=gather,
+        serial_s_per_token=0.0,
+        dispatch_s_per_micro=dispatch,
+    )
     # update: forward + backward (+ recompute), one Adam step per mini-batch
     recompute = workload.critic_settings.gradient_checkpointing
     passes = 3 if recompute else 2
@@ -83,13 +91,13 @@ def critic_times(
     )
     comm = ring_time_s((2 * BF16_BYTES + FP32_BYTES) * params, ts.shards, ts.bw)
     loop = micro_loop_s(
-        mini_seqs,
-        per_micro,
-        ts.seq,
-        token_seconds(train, ts.gpu, coefficients),
-        comm,
-        0.0,
-        train_dispatch_s(spec, passes + 1, coefficients),
+        seqs=mini_seqs,
+        per_micro=per_micro,
+        tokens_per_seq=ts.seq,
+        compute_s_per_token=token_seconds(train, ts.gpu, coefficients),
+        comm_s_per_micro=comm,
+        serial_s_per_token=0.0,
+        dispatch_s_per_micro=train_dispatch_s(spec, passes + 1, coefficients),
     )
     optim = shard * ADAM_BYTES_PER_PARAM / ts.gpu.hbm_bytes_per_s
     minis = math.ceil(workload.prompts_per_step / workload.mini_batch_prompts)

@@ -169,7 +169,11 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
     if bud is not None:
         engine = engine_items(k.rollout_backend, bud)
         per_token = kv_bytes_per_token(
-            m.num_layers, m.num_kv_heads, m.head_dim, k.rollout_tp, ctx.precision.rollout_bytes
+            num_layers=m.num_layers,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            tensor_parallel=k.rollout_tp,
+            kv_bytes=ctx.precision.rollout_bytes,
         )
         tokens = kv_tokens(bud.kv_cache_bytes, per_token)
         max_seqs = concurrent_sequences(tokens, ctx.lengths.seq_max, k.max_num_seqs)
@@ -191,10 +195,19 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
             response_tokens=w.response_len_tokens,
             # the fp32 policy under autocast keeps a float32 cache (memory/hf_generate.py)
             kv_bytes_per_token=kv_bytes_per_token(
-                m.num_layers, m.num_kv_heads, m.head_dim, 1, FP32_BYTES if ctx.autocast else c
+                num_layers=m.num_layers,
+                num_kv_heads=m.num_kv_heads,
+                head_dim=m.head_dim,
+                tensor_parallel=1,
+                kv_bytes=FP32_BYTES if ctx.autocast else c,
             ),
             prefill_bytes_per_token=forward_bytes_per_token(
-                m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size, 1, c
+                hidden=m.hidden_size,
+                q_dim=m.q_dim,
+                kv_dim=m.kv_dim,
+                intermediate=m.intermediate_size,
+                tensor_parallel=1,
+                compute_bytes=c,
             ),
             vocab=m.vocab_size,
             compute_bytes=c,
@@ -245,13 +258,30 @@ def _static_decode(ctx: MemoryContext, batch: int) -> StaticDecode | None:
         prompt_seqs=groups_spanned(batch, w.n),
         prompt_tokens=w.prompt_len_tokens,
         response_tokens=w.response_len_tokens,
-        kv_bytes_per_token=kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, 1, step_bytes),
+        kv_bytes_per_token=kv_bytes_per_token(
+            num_layers=m.num_layers,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            tensor_parallel=1,
+            kv_bytes=step_bytes,
+        ),
         # the prefill runs the module itself: the fp32 policy under autocast keeps a float32 cache, as eager
         prefill_kv_bytes_per_token=kv_bytes_per_token(
-            m.num_layers, m.num_kv_heads, m.head_dim, 1, FP32_BYTES if ctx.autocast else c
+            num_layers=m.num_layers,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            tensor_parallel=1,
+            kv_bytes=FP32_BYTES if ctx.autocast else c,
         ),
         layers=m.num_layers,
-        prefill_bytes_per_token=forward_bytes_per_token(m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size, 1, c),
+        prefill_bytes_per_token=forward_bytes_per_token(
+            hidden=m.hidden_size,
+            q_dim=m.q_dim,
+            kv_dim=m.kv_dim,
+            intermediate=m.intermediate_size,
+            tensor_parallel=1,
+            compute_bytes=c,
+        ),
         vocab=m.vocab_size,
         compute_bytes=step_bytes,
         head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
@@ -301,13 +331,21 @@ def log_prob_memory(ctx: MemoryContext) -> dict[str, int]:
             root_gathered=ctx.root_gathered_bytes,
             gathered_layers=ctx.gathered_layers_bytes,
             layer_forward=forward_activation_bytes(
-                tl, m.hidden_size, m.intermediate_size, c, mask, bool_mask, hidden_bytes=hb
+                tokens=tl,
+                hidden=m.hidden_size,
+                intermediate=m.intermediate_size,
+                compute_bytes=c,
+                mask_per_layer=mask,
+                bool_mask=bool_mask,
+                hidden_bytes=hb,
             ),
             # the logits moment: the final hidden states (autocast: the fp32 normed ones at the scored positions)
             head_side=FP32_BYTES * m.hidden_size * _scored(ctx, t) if ctx.autocast else 2 * c * m.hidden_size * t,
             embedding_output=hb * m.hidden_size * tl,
             logits=_logits_bytes(ctx, t, training=False, entropy=entropy),
-            all_to_all=all_to_all_buffer_bytes(t, m.q_dim, m.kv_dim, c, ctx.knobs.ulysses_sp),
+            all_to_all=all_to_all_buffer_bytes(
+                tokens_per_rank=t, q_dim=m.q_dim, kv_dim=m.kv_dim, compute_bytes=c, ulysses_sp=ctx.knobs.ulysses_sp
+            ),
             weight_casts=casts,
             head_weight_cast=head_weight_cast(m, c) if casts and not _fp32_head(ctx) else 0,
         )
@@ -352,14 +390,14 @@ def _update_activations(ctx: MemoryContext) -> _UpdateActivations:
     )
     head_side -= min(head_side, lora_head_savings(ctx, t))
     saved = saved_activation_bytes(
-        tl,
-        m.num_layers,
-        per_tok,
-        mask,
-        bool_mask,
-        m.hidden_size,
-        c,
-        k.gradient_checkpointing,
+        tokens=tl,
+        num_layers=m.num_layers,
+        per_layer_per_token=per_tok,
+        mask_per_layer=mask,
+        bool_mask=bool_mask,
+        hidden=m.hidden_size,
+        compute_bytes=c,
+        checkpointing=k.gradient_checkpointing,
         head_side=head_side,
         layer_input_bytes=FP32_BYTES if ctx.autocast else c,
     )
@@ -400,7 +438,9 @@ def update_memory(ctx: MemoryContext) -> dict[str, int]:
         layer_reduce_scatter=layer_reduce_scatter_bytes(
             lora_layer_grad_params(ctx), ctx.precision.grad_bytes, unsharded=unsharded
         ),
-        all_to_all=all_to_all_buffer_bytes(t, m.q_dim, m.kv_dim, c, k.ulysses_sp),
+        all_to_all=all_to_all_buffer_bytes(
+            tokens_per_rank=t, q_dim=m.q_dim, kv_dim=m.kv_dim, compute_bytes=c, ulysses_sp=k.ulysses_sp
+        ),
         optimizer_step=_optimizer_step_bytes(ctx),
         weight_casts=ctx.policy_cast_bytes,
         head_weight_cast=head_weight_cast(m, c) if ctx.policy_cast_bytes and not _fp32_head(ctx) else 0,

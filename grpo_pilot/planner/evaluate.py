@@ -139,7 +139,7 @@ class Assessment(Frozen):
 
 def cheap_checks(inputs: PlanInputs, knobs: Knobs) -> tuple[Check, ...]:
     """Rules that need no memory estimate (used to prune search trials)."""
-    return structural_checks(inputs.model.spec, inputs.cluster, inputs.workload, knobs, inputs.target)
+    return structural_checks(inputs.model.spec, inputs.cluster, inputs.workload, knobs, target=inputs.target)
 
 
 def assess(inputs: PlanInputs, knobs: Knobs, structural: tuple[Check, ...] | None = None) -> Assessment:

@@ -58,7 +58,11 @@ def execution_of(
         rollout_replicas=max(1, rollout_gpus // tp),
         split=layout.split,
         rollout_kv_bytes_per_token=kv_bytes_per_token(
-            model.num_layers, model.num_kv_heads, model.head_dim, tp, element
+            num_layers=model.num_layers,
+            num_kv_heads=model.num_kv_heads,
+            head_dim=model.head_dim,
+            tensor_parallel=tp,
+            kv_bytes=element,
         ),
         weight_sync_bucket_bytes=overheads.weight_sync_bucket_bytes,
         old_logprob_pass=old_logprob_pass_needed(workload, executor),

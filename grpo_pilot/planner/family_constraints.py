@@ -43,7 +43,7 @@ def minimal_batch(knobs: Knobs, train_gpus: int, dp: int) -> int:
     return max(1, dp) * micro
 
 
-def _megatron(spec: ModelSpec, workload: Workload, knobs: Knobs, train_gpus: int, dp: int) -> list[Check]:
+def _megatron(spec: ModelSpec, workload: Workload, knobs: Knobs, *, train_gpus: int, dp: int) -> list[Check]:
     tp, pp, vpp, cp = knobs.megatron_tp, knobs.megatron_pp, knobs.megatron_vpp, knobs.megatron_cp
     mp = megatron_model_parallel(knobs)
     layers = spec.num_layers
@@ -85,7 +85,7 @@ def family_checks(spec: ModelSpec, workload: Workload, knobs: Knobs, *, train_gp
     """The launch families' structural rules for this configuration (module docstring)."""
     checks: list[Check] = []
     if knobs.strategy == "megatron":
-        checks += _megatron(spec, workload, knobs, train_gpus, dp)
+        checks += _megatron(spec, workload, knobs, train_gpus=train_gpus, dp=dp)
     if knobs.activation_offload:
         checks.append(
             rule(

@@ -125,6 +125,7 @@ def lengths_of(workload: Workload) -> Lengths:
 
 
 def sum_quantile_tokens(
+    *,
     count: int,
     mean: float,
     std: float,
@@ -165,6 +166,7 @@ def longest_of_z(count: int, z: float = MEMORY_QUANTILE_Z) -> float:
 def micro_batch_tokens(
     count: int,
     lengths: Lengths,
+    *,
     padding: str,
     pool: int | None = None,
     z: float = MEMORY_QUANTILE_Z,
@@ -178,7 +180,9 @@ def micro_batch_tokens(
     of the longest of `pool` rows; rows padded to the longest of a generation batch of hundreds
     ("batch_max", TRL): count × the maximum. `population`: see `sum_quantile_tokens` (packed only)."""
     if padding == "remove":
-        return sum_quantile_tokens(count, lengths.seq_mean, lengths.seq_std, lengths.seq_max, z, population)
+        return sum_quantile_tokens(
+            count=count, mean=lengths.seq_mean, std=lengths.seq_std, max_len=lengths.seq_max, z=z, population=population
+        )
     if padding == "batch_max":
         return count * lengths.seq_max
     rows = max(count, pool or count)

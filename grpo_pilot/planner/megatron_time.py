@@ -85,7 +85,11 @@ def megatron_times(
 
     recompute = knobs.megatron_recompute == "full"
     train_cost = training_cost(
-        spec, context, c, logits_traffic_bytes(spec.vocab_size, c, executor, training=True), recompute
+        spec,
+        attention_context=context,
+        compute_bytes=c,
+        logits_bytes=logits_traffic_bytes(spec.vocab_size, c, executor, training=True),
+        recompute=recompute,
     )
     fwd_cost = forward_cost(spec, context, c, logits_traffic_bytes(spec.vocab_size, c, executor, training=False))
     # update

@@ -103,20 +103,29 @@ class RolloutBreakdown(NamedTuple):
         )
 
 
-def rollout_breakdown(
-    spec: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    knobs: Knobs,
-    kv_cache_tokens_per_gpu: int | None = None,
-    *,
-    coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
-    overheads: Overheads = DEFAULT_OVERHEADS,
-    decode_mode: str = "eager",
-) -> RolloutBreakdown:
-    """Prefill and decode of every response of the step (module docstring). `kv_cache_tokens_per_gpu`
-    is the KV capacity the memory estimate found (None = unlimited: `max_num_seqs` caps concurrency)."""
-    coef, gpu, L = coefficients, cluster.gpu, lengths_of(workload)
+class _Replica(NamedTuple):
+    """One rollout replica's shape and its fixed per-forward costs (module docstring)."""
+
+    hf: bool  # HF generate on the policy (one GPU per replica) rather than vLLM
+    tp: int
+    replicas: int
+    seqs: int  # responses per replica
+    rollout_bytes: int  # bytes per weight / KV element of the rollout
+    active_params: float
+    weight_bytes: float  # the replica's weight shard on one GPU
+    eager_s: float  # per forward: eager dispatch, or the HF loop's host time
+    engine_s: float  # per forward: vLLM's engine step
+    seq_step_s: float  # per running sequence per step: vLLM V0's engine
+    link_bytes_per_s: float  # the TP group's link
+    gather_s: float  # per forward: HF generate's all-gather of an FSDP policy's weights
+    gather_once_s: float  # per generate: the same gathered whole once (ZeRO-3 GatheredParameters)
+
+
+def _replica(
+    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, *, coef: TimeCoefficients
+) -> _Replica:
+    """The replica shape (TP, count, responses each) and its per-forward host and gather costs."""
+    gpu = cluster.gpu
     rollout_gpus, _ = pools(cluster, knobs)
     hf = knobs.rollout_backend == "hf"
     tp = 1 if hf else knobs.rollout_tp
@@ -125,7 +134,6 @@ def rollout_breakdown(
     rollout_bytes = rollout_element_bytes(cluster.device)
     total_params, active_params = param_counts(spec)
     weight_bytes = rollout_bytes * total_params / tp
-    graphs = hf and decode_mode == "cuda_graph"
     if hf:  # the eager HF decode loop: host dispatch per layer and per step, a readback every step
         eager_s = _hf_step_s(spec, workload, coef, gpu.hbm_bytes_per_s)
     else:
@@ -146,75 +154,132 @@ def rollout_breakdown(
         if hf
         else 0.0
     )
-    gather_once_s = gather_s if gather_once else 0.0
-    gather_s = 0.0 if gather_once else gather_s
+    return _Replica(
+        hf=hf,
+        tp=tp,
+        replicas=replicas,
+        seqs=seqs,
+        rollout_bytes=rollout_bytes,
+        active_params=active_params,
+        weight_bytes=weight_bytes,
+        eager_s=eager_s,
+        engine_s=engine_s,
+        seq_step_s=seq_step_s,
+        link_bytes_per_s=link,
+        gather_s=0.0 if gather_once else gather_s,
+        gather_once_s=gather_s if gather_once else 0.0,
+    )
 
-    def hidden_all_reduces_s(tokens: float) -> float:
-        return (
-            2
-            * spec.num_layers
-            * allreduce_s(tokens * spec.hidden_size * BF16_BYTES, tp, link, coef.allreduce_latency_s)
-        )
 
-    def logits_gather_s(tokens: float) -> float:
-        if tp <= 1:
-            return 0.0
-        return coef.allreduce_latency_s + ring_time_s(tokens * spec.vocab_size * BF16_BYTES, tp, link)
+def _hidden_all_reduces_s(spec: ModelSpec, r: _Replica, coef: TimeCoefficients, tokens: float) -> float:
+    """The two all-reduces of the hidden states per layer over the TP group, for one forward of `tokens`."""
+    return (
+        2
+        * spec.num_layers
+        * allreduce_s(tokens * spec.hidden_size * BF16_BYTES, r.tp, r.link_bytes_per_s, coef.allreduce_latency_s)
+    )
 
-    # Prefill: each distinct prompt once (prefix cache; HF prefills every row), in chunks.
-    prompt_tokens = (seqs if hf else math.ceil(workload.prompts_per_step / replicas)) * L.prompt_mean
+
+def _logits_gather_s(spec: ModelSpec, r: _Replica, coef: TimeCoefficients, tokens: float) -> float:
+    """The sampler's all-gather of the logits over the TP group (vLLM V1), for one forward of `tokens`."""
+    if r.tp <= 1:
+        return 0.0
+    return coef.allreduce_latency_s + ring_time_s(tokens * spec.vocab_size * BF16_BYTES, r.tp, r.link_bytes_per_s)
+
+
+def _prefill_s(
+    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, *, r: _Replica, coef: TimeCoefficients
+) -> float:
+    """Prefill: each distinct prompt once (prefix cache; HF prefills every row), in chunks."""
+    gpu, L = cluster.gpu, lengths_of(workload)
+    prompt_tokens = (r.seqs if r.hf else math.ceil(workload.prompts_per_step / r.replicas)) * L.prompt_mean
     chunk = max(1, knobs.max_num_batched_tokens)
     num_chunks = max(1, math.ceil(prompt_tokens / chunk))
-    prefill_cost = TokenCost(2.0 * active_params / tp, attention_flops_per_token(spec, L.prompt_mean / 2) / tp, 0.0)
-    prefill_s = max(
-        prompt_tokens * compute_seconds(prefill_cost, gpu, coef), memory_seconds(num_chunks * weight_bytes, gpu, coef)
+    prefill_cost = TokenCost(
+        2.0 * r.active_params / r.tp, attention_flops_per_token(spec, L.prompt_mean / 2) / r.tp, 0.0
     )
-    prefill_s += num_chunks * (hidden_all_reduces_s(min(chunk, prompt_tokens)) + eager_s + engine_s + gather_s)
+    prefill_s = max(
+        prompt_tokens * compute_seconds(prefill_cost, gpu, coef), memory_seconds(num_chunks * r.weight_bytes, gpu, coef)
+    )
+    hidden_s = _hidden_all_reduces_s(spec, r, coef, min(chunk, prompt_tokens))
+    return prefill_s + num_chunks * (hidden_s + r.eager_s + r.engine_s + r.gather_s)
 
-    # Decode: concurrency from the KV capacity at the expected sequence length.
+
+def _decode_shape(
+    workload: Workload, knobs: Knobs, r: _Replica, kv_cache_tokens_per_gpu: int | None
+) -> tuple[int, int]:
+    """(concurrency, decode steps): concurrency from the KV capacity at the expected sequence length."""
+    L = lengths_of(workload)
     cap = knobs.max_num_seqs
-    if kv_cache_tokens_per_gpu is not None and not hf:
+    if kv_cache_tokens_per_gpu is not None and not r.hf:
         cap = min(cap, kv_cache_tokens_per_gpu // max(1, math.ceil(L.seq_mean)))
-    concurrency = max(1, min(cap, seqs))
-    generated = seqs * L.response_mean
-    if hf:  # fixed batches, each lasting its longest response
-        steps = math.ceil(seqs / concurrency) * L.response_tail
+    concurrency = max(1, min(cap, r.seqs))
+    generated = r.seqs * L.response_mean
+    if r.hf:  # fixed batches, each lasting its longest response
+        steps = math.ceil(r.seqs / concurrency) * L.response_tail
     else:  # continuous batching: the tail or the throughput, whichever is longer
         steps = max(L.response_tail, math.ceil(generated / concurrency))
-    # Two kernel classes per step, one after the other: the GEMMs stream the weight shard and compute
-    # 2·P/t per running sequence (the larger of the two), then attention streams every live
-    # sequence's KV cache (and computes its QKᵀ and AV, the larger of the two).
-    kv_per_token = kv_bytes_per_token_per_gpu(spec, tp, rollout_bytes)
-    context_reads = seqs * (L.prompt_mean * L.response_mean + L.response_second_moment / 2)
+    return concurrency, steps
+
+
+def _decode_roofline_s(
+    spec: ModelSpec, cluster: Cluster, workload: Workload, *, r: _Replica, steps: int, coef: TimeCoefficients
+) -> float:
+    """Two kernel classes per step, one after the other: the GEMMs stream the weight shard and compute
+    2·P/t per running sequence (the larger of the two), then attention streams every live sequence's KV
+    cache (and computes its QKᵀ and AV, the larger of the two)."""
+    gpu, L = cluster.gpu, lengths_of(workload)
+    generated = r.seqs * L.response_mean
+    kv_per_token = kv_bytes_per_token_per_gpu(spec, r.tp, r.rollout_bytes)
+    context_reads = r.seqs * (L.prompt_mean * L.response_mean + L.response_second_moment / 2)
     mean_context = L.prompt_mean + L.response_second_moment / (2 * max(L.response_mean, 1.0))
     gemm_s = max(
-        memory_seconds(steps * weight_bytes, gpu, coef),
-        generated * compute_seconds(TokenCost(2.0 * active_params / tp, 0.0, 0.0), gpu, coef),
+        memory_seconds(steps * r.weight_bytes, gpu, coef),
+        generated * compute_seconds(TokenCost(2.0 * r.active_params / r.tp, 0.0, 0.0), gpu, coef),
     )
+    attention_cost = TokenCost(0.0, attention_flops_per_token(spec, mean_context) / r.tp, 0.0)
     attention_s = max(
         memory_seconds(context_reads * kv_per_token, gpu, coef),
-        generated * compute_seconds(TokenCost(0.0, attention_flops_per_token(spec, mean_context) / tp, 0.0), gpu, coef),
+        generated * compute_seconds(attention_cost, gpu, coef),
     )
-    roofline_s = gemm_s + attention_s
+    return gemm_s + attention_s
+
+
+def rollout_breakdown(
+    spec: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    knobs: Knobs,
+    *,
+    kv_cache_tokens_per_gpu: int | None = None,
+    coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
+    overheads: Overheads = DEFAULT_OVERHEADS,
+    decode_mode: str = "eager",
+) -> RolloutBreakdown:
+    """Prefill and decode of every response of the step (module docstring). `kv_cache_tokens_per_gpu`
+    is the KV capacity the memory estimate found (None = unlimited: `max_num_seqs` caps concurrency)."""
+    coef, gpu, L = coefficients, cluster.gpu, lengths_of(workload)
+    r = _replica(spec, cluster, workload, knobs, coef=coef)
+    concurrency, steps = _decode_shape(workload, knobs, r, kv_cache_tokens_per_gpu)
+    generated = r.seqs * L.response_mean
     sampler_bytes = SAMPLER_TRAFFIC_PER_HELD_BYTE * overheads.vllm_sampler_bytes_per_vocab_entry * spec.vocab_size
-    sampler_s = memory_seconds(generated * sampler_bytes, gpu, coef)
     batch = generated / steps if steps else 0.0
-    tp_comm_s = steps * (hidden_all_reduces_s(batch) + logits_gather_s(batch))
     # every generated token is one running sequence in one step
-    step_host_s = coef.cuda_graph_launch_s if graphs else eager_s  # a graph: one launch, not every op
-    overhead_s = steps * (engine_s + step_host_s + gather_s) + generated * seq_step_s + gather_once_s
+    graphs = r.hf and decode_mode == "cuda_graph"
+    step_host_s = coef.cuda_graph_launch_s if graphs else r.eager_s  # a graph: one launch, not every op
+    overhead_s = steps * (r.engine_s + step_host_s + r.gather_s) + generated * r.seq_step_s + r.gather_once_s
     if graphs:  # each fixed batch captures its graphs once: a warm-up step and its recording, both eager
-        batches = math.ceil(seqs / concurrency)
-        overhead_s += batches * graph_captures_per_batch(L.prompt_mean + L.response_tail) * 2 * eager_s
+        batches = math.ceil(r.seqs / concurrency)
+        overhead_s += batches * graph_captures_per_batch(L.prompt_mean + L.response_tail) * 2 * r.eager_s
     return RolloutBreakdown(
-        replicas=replicas,
-        seqs_per_replica=seqs,
+        replicas=r.replicas,
+        seqs_per_replica=r.seqs,
         concurrency=concurrency,
         decode_steps=steps,
-        prefill_s=prefill_s,
-        decode_roofline_s=roofline_s,
-        decode_sampler_s=sampler_s,
-        decode_tp_comm_s=tp_comm_s,
+        prefill_s=_prefill_s(spec, cluster, workload, knobs, r=r, coef=coef),
+        decode_roofline_s=_decode_roofline_s(spec, cluster, workload, r=r, steps=steps, coef=coef),
+        decode_sampler_s=memory_seconds(generated * sampler_bytes, gpu, coef),
+        decode_tp_comm_s=steps * (_hidden_all_reduces_s(spec, r, coef, batch) + _logits_gather_s(spec, r, coef, batch)),
         decode_overhead_s=overhead_s,
     )
 
@@ -224,8 +289,8 @@ def rollout_time_s(
     cluster: Cluster,
     workload: Workload,
     knobs: Knobs,
-    kv_cache_tokens_per_gpu: int | None = None,
     *,
+    kv_cache_tokens_per_gpu: int | None = None,
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
     overheads: Overheads = DEFAULT_OVERHEADS,
     decode_mode: str = "eager",
@@ -236,7 +301,7 @@ def rollout_time_s(
         cluster,
         workload,
         knobs,
-        kv_cache_tokens_per_gpu,
+        kv_cache_tokens_per_gpu=kv_cache_tokens_per_gpu,
         coefficients=coefficients,
         overheads=overheads,
         decode_mode=decode_mode,

@@ -101,12 +101,12 @@ def forward_flops_per_token(spec: ModelSpec, seq_tokens: float) -> float:
 def layer_traffic_bytes(spec: ModelSpec, compute_bytes: int) -> int:
     """Memory-bound bytes of one forward per token over all layers: 2 × what each layer saves."""
     saved = layer_activation_bytes_per_token(
-        spec.hidden_size,
-        spec.q_dim,
-        spec.kv_dim,
-        spec.intermediate_size,
-        spec.num_attention_heads,
-        compute_bytes,
+        hidden=spec.hidden_size,
+        q_dim=spec.q_dim,
+        kv_dim=spec.kv_dim,
+        intermediate=spec.intermediate_size,
+        num_heads=spec.num_attention_heads,
+        compute_bytes=compute_bytes,
         qk_norm=spec.qk_norm,
         num_kv_heads=spec.num_kv_heads,
     )
@@ -132,7 +132,7 @@ def forward_cost(spec: ModelSpec, attention_context: float, compute_bytes: int, 
 
 
 def training_cost(
-    spec: ModelSpec, attention_context: float, compute_bytes: int, logits_bytes: float, recompute: bool
+    spec: ModelSpec, *, attention_context: float, compute_bytes: int, logits_bytes: float, recompute: bool
 ) -> TokenCost:
     """Forward + backward (2× the forward's FLOPs and traffic: memory-model.md §5's 6P) + one more
     forward with full activation checkpointing; the log-prob computation's training traffic once."""
@@ -192,4 +192,10 @@ def pools(cluster: Cluster, knobs: Knobs) -> tuple[int, int]:
 
 def kv_bytes_per_token_per_gpu(spec: ModelSpec, tp: int, kv_bytes: int = BF16_BYTES) -> int:
     """2 (K and V) · L · ceil(kv_heads / t) · d · bytes: the memory model's own formula."""
-    return kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, tp, kv_bytes)
+    return kv_bytes_per_token(
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        tensor_parallel=tp,
+        kv_bytes=kv_bytes,
+    )

@@ -98,7 +98,7 @@ __all__ = [
 ]
 
 
-def _ulysses_s(spec: ModelSpec, tokens_per_rank: float, sp: int, bw: float, passes: int) -> float:
+def _ulysses_s(spec: ModelSpec, *, tokens_per_rank: float, sp: int, bw: float, passes: int) -> float:
     """All-to-all before and after attention (q, k, v in; output back), per layer, per pass."""
     if sp <= 1:
         return 0.0
@@ -128,7 +128,7 @@ def log_prob_time_s(
     logits = logits_traffic_bytes(spec.vocab_size, c, executor, training=False)
     compute_per_token = token_seconds(forward_cost(spec, ts.attention_context, c, logits), gpu, coef)
     gather_s = ring_time_s(BF16_BYTES * param_counts(spec)[0], ts.shards, ts.bw)
-    a2a_per_token = _ulysses_s(spec, 1, sp, ts.bw, passes=1)
+    a2a_per_token = _ulysses_s(spec, tokens_per_rank=1, sp=sp, bw=ts.bw, passes=1)
     device = cluster.device
     streams = executor.offload_streams and device.offload_meaningful
     lora = lora_time_terms(spec, workload)
@@ -138,7 +138,15 @@ def log_prob_time_s(
     def one_pass(offloaded: bool, bytes_per_param: int) -> float:
         h2d = bytes_per_param * ts.shard_params / ts.host if offloaded and device.offload_meaningful else 0.0
         comm = gather_s + h2d if streams else gather_s  # streaming: every micro-batch brings its shard in
-        loop = micro_loop_s(seqs_per_rank, per_micro, seq / sp, compute_per_token, comm, a2a_per_token, **dispatch)
+        loop = micro_loop_s(
+            seqs=seqs_per_rank,
+            per_micro=per_micro,
+            tokens_per_seq=seq / sp,
+            compute_s_per_token=compute_per_token,
+            comm_s_per_micro=comm,
+            serial_s_per_token=a2a_per_token,
+            **dispatch,
+        )
         return loop if streams else loop + h2d  # verl: once per pass
 
     total = 0.0
@@ -152,7 +160,7 @@ def log_prob_time_s(
 
 
 def _family_micro_s(
-    spec: ModelSpec, knobs: Knobs, ts: TrainSide, lora: LoraTime | None, tokens: float, coef: TimeCoefficients
+    spec: ModelSpec, knobs: Knobs, ts: TrainSide, *, lora: LoraTime | None, tokens: float, coef: TimeCoefficients
 ) -> float:
     """Per-micro-batch time the launch families add to the update: QLoRA's dequantization in every pass and
     verl's activation offload's exposed transfers (lora_time.py)."""
@@ -190,7 +198,13 @@ def update_time_s(
     logits = logits_traffic_bytes(spec.vocab_size, c, executor, training=True)
     lora = lora_time_terms(spec, workload)
     if lora is None:
-        cost = training_cost(spec, ts.attention_context, c, logits, knobs.gradient_checkpointing)
+        cost = training_cost(
+            spec,
+            attention_context=ts.attention_context,
+            compute_bytes=c,
+            logits_bytes=logits,
+            recompute=knobs.gradient_checkpointing,
+        )
     else:
         forward = forward_cost(spec, ts.attention_context, c, 0.0)
         cost = lora_training_cost(forward, lora, knobs.gradient_checkpointing, logits)
@@ -219,15 +233,15 @@ def update_time_s(
         phase_s += 2 * prec.adam_bytes * trainable / host if o_off else 0.0
     passes = 3 if knobs.gradient_checkpointing else 2
     micros_s = micro_loop_s(
-        seqs_per_rank_mini,
-        per_micro,
-        seq / sp,
-        compute_per_token,
-        comm_s,
-        _ulysses_s(spec, 1, sp, ts.bw, passes=passes),
+        seqs=seqs_per_rank_mini,
+        per_micro=per_micro,
+        tokens_per_seq=seq / sp,
+        compute_s_per_token=compute_per_token,
+        comm_s_per_micro=comm_s,
+        serial_s_per_token=_ulysses_s(spec, tokens_per_rank=1, sp=sp, bw=ts.bw, passes=passes),
         # forward 1 + backward 2 (+ recomputed forward 1): the FLOP multipliers of `training_cost`
         dispatch_s_per_micro=train_dispatch_s(spec, passes + 1, coef)
-        + _family_micro_s(spec, knobs, ts, lora, min(per_micro, seqs_per_rank_mini) * seq / sp, coef),
+        + _family_micro_s(spec, knobs, ts, lora=lora, tokens=min(per_micro, seqs_per_rank_mini) * seq / sp, coef=coef),
     )
     per_epoch = num_minis * (micros_s + optim_s)
     return workload.ppo_epochs * per_epoch + phase_s
@@ -303,7 +317,7 @@ def estimate_time(
         cluster,
         workload,
         knobs,
-        kv_cache_tokens_per_gpu,
+        kv_cache_tokens_per_gpu=kv_cache_tokens_per_gpu,
         coefficients=coef,
         overheads=overheads,
         decode_mode=plan_decode_mode(model, cluster, workload, knobs, executor=executor),

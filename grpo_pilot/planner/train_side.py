@@ -23,6 +23,7 @@ ADAM_BYTES_PER_PARAM = 28
 
 
 def micro_loop_s(
+    *,
     seqs: int,
     per_micro: int,
     tokens_per_seq: float,

@@ -155,7 +155,9 @@ class ModelSpec(Frozen):
         return dense_part + self.num_layers * self.active_mlp_params_per_layer
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, tensor_parallel: int, kv_bytes: int) -> int:
+def kv_bytes_per_token(
+    *, num_layers: int, num_kv_heads: int, head_dim: int, tensor_parallel: int, kv_bytes: int
+) -> int:
     """KV-cache bytes one token occupies on one GPU of a t-way tensor-parallel replica: 2 (K and V) · L ·
     ceil(kv_heads / t) · d · bytes; once t exceeds the kv heads every rank holds one (replicated) head
     (vLLM `QKVParallelLinear`; its `FullAttentionSpec.page_size_bytes` per token). The planner sizes KV caches

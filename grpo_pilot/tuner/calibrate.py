@@ -220,7 +220,7 @@ def _residuals(model: _Model, obs: list[Observation], coef: TimeCoefficients) ->
     return np.array([math.log(max(predicted[o.record][o.phase], 1e-12) / o.measured_s) for o in obs])
 
 
-def _jacobian(model: _Model, obs: list[Observation], base: TimeCoefficients, chosen, logs: np.ndarray) -> np.ndarray:
+def _jacobian(model: _Model, obs: list[Observation], *, base: TimeCoefficients, chosen, logs: np.ndarray) -> np.ndarray:
     r0 = _residuals(model, obs, _apply(base, chosen, logs))
     columns = []
     for k in range(len(chosen)):
@@ -241,7 +241,7 @@ def _levenberg_marquardt(model: _Model, obs: list[Observation], base: TimeCoeffi
     damping = 1e-2
     for _ in range(MAX_ITERATIONS):
         r = _residuals(model, obs, _apply(base, chosen, logs))
-        J = _jacobian(model, obs, base, chosen, logs)
+        J = _jacobian(model, obs, base=base, chosen=chosen, logs=logs)
         JtJ = J.T @ J
         system = JtJ + damping * (np.diag(np.diag(JtJ)) + 1e-9 * np.eye(len(chosen)))
         step = np.linalg.solve(system, -J.T @ r)
@@ -353,7 +353,7 @@ def fit_time(
             [KeptValue(name=f"time.{n}", reason="no phase time of at least 1 ms was measured") for n in names],
         )
     full = _levenberg_marquardt(model, obs, base, cands)
-    J = _jacobian(model, obs, base, cands, full)
+    J = _jacobian(model, obs, base=base, chosen=cands, logs=full)
     picked, reasons = _select(J, names)
     kept = [KeptValue(name=f"time.{names[k]}", reason=reasons[k]) for k in sorted(reasons)]
     chosen = tuple(cands[k] for k in picked)
@@ -361,7 +361,7 @@ def fit_time(
         return base, [], kept
     logs = _levenberg_marquardt(model, obs, base, chosen)
     coef = _apply(base, chosen, logs)
-    J = _jacobian(model, obs, base, chosen, logs)
+    J = _jacobian(model, obs, base=base, chosen=chosen, logs=logs)
     fitted = [
         FittedValue(
             name=f"time.{cand.name}",

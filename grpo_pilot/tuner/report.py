@@ -153,7 +153,7 @@ def _versus(ax: Any, series: dict[str, tuple[str, list[tuple[float, float]]]], t
 
 
 def _phase_pairs(
-    ok: list[TrialRecord], phase: str, measured: str, predicted: str, scale: float
+    ok: list[TrialRecord], phase: str, *, measured: str, predicted: str, scale: float
 ) -> list[tuple[float, float]]:
     pairs = []
     for r in ok:
@@ -208,10 +208,13 @@ def render_png(records: list[TrialRecord]) -> bytes:
     _versus(ax_rate, {"trials": ("tab:blue", rates)}, "throughput: measured vs predicted", "tokens/s")
     for r, (x, y) in zip(ok, rates):
         ax_rate.annotate(str(r.number), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    times = {ph: (c, _phase_pairs(ok, ph, "measured_s", "predicted_s", 1.0)) for ph, c in PHASE_COLORS.items()}
+    times = {
+        ph: (c, _phase_pairs(ok, ph, measured="measured_s", predicted="predicted_s", scale=1.0))
+        for ph, c in PHASE_COLORS.items()
+    }
     _versus(ax_time, times, "phase time: measured vs predicted", "s")
     peaks = {
-        ph: (c, _phase_pairs(ok, ph, "measured_peak_bytes", "predicted_tensor_bytes", MIB))
+        ph: (c, _phase_pairs(ok, ph, measured="measured_peak_bytes", predicted="predicted_tensor_bytes", scale=MIB))
         for ph, c in PHASE_COLORS.items()
     }
     _versus(ax_mem, peaks, "phase peak tensor memory: measured vs predicted", "MiB")

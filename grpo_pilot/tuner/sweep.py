@@ -103,6 +103,7 @@ class Sweep:
         plan: Plan,
         setup: SweepSetup,
         settings: SweepSettings,
+        *,
         runner: TrialRunner,
         events: SweepEvents,
     ) -> None:
@@ -193,7 +194,7 @@ class Sweep:
         reason = prune_reason(plan, self.limit, ratio) if prunable else None
         self.events.trial_started(trial.number, params, source)
         if reason is not None:
-            record = self._record(trial.number, source, params, plan, None, prune=reason)
+            record = self._record(trial.number, source=source, params=params, plan=plan, outcome=None, prune=reason)
             return self._finish(trial, record, TrialState.PRUNED)
         try:
             record = self._measure(trial.number, source, params, plan)
@@ -229,16 +230,16 @@ class Sweep:
             settings=settings,
         )
         outcome = self.runner.run(request)
-        return self._record(number, source, params, plan, outcome, trial_dir=str(trial_dir))
+        return self._record(number, source=source, params=params, plan=plan, outcome=outcome, trial_dir=str(trial_dir))
 
     def _record(
         self,
         number: int,
+        *,
         source: Source,
         params: dict[str, Any],
         plan: Plan,
         outcome: TrialOutcome | None,
-        *,
         prune: str | None = None,
         trial_dir: str | None = None,
     ) -> TrialRecord:

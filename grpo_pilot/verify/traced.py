@@ -121,7 +121,7 @@ class ActorTrace(Frozen):
         return max(passes, key=lambda p: p.peak_bytes) if passes else None
 
 
-def _samples(count: int, prompt_len: int, response_len: int, vocab: int, offset: int, group: int = 1) -> list[Any]:
+def _samples(*, count: int, prompt_len: int, response_len: int, vocab: int, offset: int, group: int = 1) -> list[Any]:
     """`count` full-length samples in groups of `group` completions of one prompt (the step loop's order:
     a group's samples are consecutive); prompts and completions otherwise distinct (values do not change
     memory, which prompts repeat does: the unsharded actor computes a repeated prompt once)."""
@@ -209,9 +209,13 @@ def trace_actor_step(
         warnings.filterwarnings("ignore", message=_VIEW_WARNING)
         warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
         if world_size == 1:
-            num_params, result, shards = _trace_unsharded(model_spec, config, settings, step, numerics)
+            num_params, result, shards = _trace_unsharded(
+                model_spec, config, settings=settings, step=step, numerics=numerics
+            )
         else:
-            num_params, result, shards = _trace_sharded(model_spec, config, world_size, settings, step, numerics)
+            num_params, result, shards = _trace_sharded(
+                model_spec, config, world_size=world_size, settings=settings, step=step, numerics=numerics
+            )
     return ActorTrace(
         model_name=model_spec.name,
         num_params=num_params,
@@ -251,7 +255,7 @@ def _shards(actor: Any) -> tuple[int, int]:
 
 
 def _trace_sharded(
-    spec: ModelSpec, config: Any, world_size: int, settings: Any, step: _Step, numerics: Numerics
+    spec: ModelSpec, config: Any, *, world_size: int, settings: Any, step: _Step, numerics: Numerics
 ) -> tuple[int, dict[str, Any], tuple[int, int]]:
     """FSDP2 over a fake process group: the model on `meta`, its shards materialised in the fake mode."""
     import torch
@@ -286,7 +290,7 @@ def _trace_sharded(
 
 
 def _trace_unsharded(
-    spec: ModelSpec, config: Any, settings: Any, step: _Step, numerics: Numerics
+    spec: ModelSpec, config: Any, *, settings: Any, step: _Step, numerics: Numerics
 ) -> tuple[int, dict[str, Any], tuple[int, int]]:
     """One rank, weights in place (verify/single_rank.py), CUDA's autocast policy under CUDA numerics."""
     import torch
@@ -323,13 +327,22 @@ def _run_step(actor: Any, tracker: Any, settings: Any, step: _Step) -> dict[str,
     optim.zero_grad(set_to_none=True)
     out: dict[str, Any] = {"old_log_prob": None, "ref_log_prob": None}
     prompt, response = step.prompt, step.response
-    lp_samples = _samples(step.log_prob_seqs, prompt, response, step.vocab, offset=0, group=step.group)
+    lp_samples = _samples(
+        count=step.log_prob_seqs, prompt_len=prompt, response_len=response, vocab=step.vocab, offset=0, group=step.group
+    )
     if step.old_pass and step.log_prob_seqs:
         out["old_log_prob"] = _pass(tracker, lambda: actor.log_probs(lp_samples))
     if settings.with_ref and step.log_prob_seqs:
         out["ref_log_prob"] = _pass(tracker, lambda: actor.log_probs(lp_samples, ref=True))
     offset = -(-step.log_prob_seqs // step.group) * step.group  # the update's groups start afresh
-    samples = _samples(step.update_seqs, prompt, response, step.vocab, offset=offset, group=step.group)
+    samples = _samples(
+        count=step.update_seqs,
+        prompt_len=prompt,
+        response_len=response,
+        vocab=step.vocab,
+        offset=offset,
+        group=step.group,
+    )
     # what the step loop hands the update: one advantage per sample, fp32 [r] log-probs per sample (the
     # old pass's with several mini-batches, the reference pass's with the KL loss); values do not matter
     advantages = torch.ones(len(samples))

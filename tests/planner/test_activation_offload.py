@@ -21,7 +21,9 @@ def test_tensor_split_sums_to_the_traced_layer_bytes() -> None:
     # Qwen2.5-7B shape: the split must add up to activations.py's traced per-layer bytes
     h, q, kv, i, a = 3584, 3584, 512, 18944, 28
     split = hf_layer_saved_tensor_bytes(h, q, i, a, kv_dim=kv, compute_bytes=2)
-    assert sum(split) == layer_activation_bytes_per_token(h, q, kv, i, a, 2)
+    assert sum(split) == layer_activation_bytes_per_token(
+        hidden=h, q_dim=q, kv_dim=kv, intermediate=i, num_heads=a, compute_bytes=2
+    )
 
 
 def test_by_hand_without_checkpointing() -> None:

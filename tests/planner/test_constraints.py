@@ -21,7 +21,7 @@ A100x8 = parse_cluster("8xA100-80G")
 
 
 def broken(knobs: Knobs, workload: Workload = Workload(), cluster=A100x8, spec=QWEN7, target="grpo-pilot") -> set[str]:
-    return {c.rule for c in violations(structural_checks(spec, cluster, workload, knobs, target))}
+    return {c.rule for c in violations(structural_checks(spec, cluster, workload, knobs, target=target))}
 
 
 def test_defaults_break_nothing() -> None:

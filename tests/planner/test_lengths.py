@@ -38,8 +38,8 @@ def test_unknown_lengths_are_the_worst_case() -> None:
     w = Workload()
     lens = lengths_of(w)
     assert w.at_max_lengths and lens.prompt_std == 0.0 and lens.response_std == 0.0
-    assert micro_batch_tokens(4, lens, "remove") == 4 * w.seq_len_tokens
-    assert micro_batch_tokens(4, lens, "sorted_rows", pool=64) == 4 * w.seq_len_tokens
+    assert micro_batch_tokens(4, lens, padding="remove") == 4 * w.seq_len_tokens
+    assert micro_batch_tokens(4, lens, padding="sorted_rows", pool=64) == 4 * w.seq_len_tokens
     assert response_share(lens) == pytest.approx(1024 / 1536, abs=1e-3)
 
 
@@ -59,10 +59,10 @@ def test_sum_quantile_matches_simulation_and_stays_within_the_maxima() -> None:
     sums = sorted(sum(rng.randint(0, top) for _ in range(count)) for _ in range(20000))
     simulated = sums[int(MEMORY_QUANTILE * len(sums))]
     std = top / math.sqrt(12)
-    predicted = sum_quantile_tokens(count, top / 2, std, top)
+    predicted = sum_quantile_tokens(count=count, mean=top / 2, std=std, max_len=top)
     assert simulated <= predicted <= simulated * 1.02
-    assert sum_quantile_tokens(4, 900.0, 500.0, 1000) == 4000  # capped by count × max
-    assert sum_quantile_tokens(0, 100.0, 10.0, 1000) == 0
+    assert sum_quantile_tokens(count=4, mean=900.0, std=500.0, max_len=1000) == 4000  # capped by count × max
+    assert sum_quantile_tokens(count=0, mean=100.0, std=10.0, max_len=1000) == 0
     assert one_quantile_tokens(100.0, 10.0, 1000) == math.ceil(100 + MEMORY_QUANTILE_Z * 10)
 
 
@@ -70,9 +70,11 @@ def test_longest_of_many_rows_sits_higher() -> None:
     assert longest_of_z(1) == MEMORY_QUANTILE_Z
     assert MEMORY_QUANTILE_Z < longest_of_z(4) < longest_of_z(256)
     lens = lengths_of(GSM8K.model_copy(update={"prompt_len_std_tokens": 20.0, "response_len_std_tokens": 80.0}))
-    packed = micro_batch_tokens(8, lens, "remove")
-    sorted_rows = micro_batch_tokens(8, lens, "sorted_rows", pool=256)
-    assert 8 * lens.seq_mean < packed < sorted_rows < micro_batch_tokens(8, lens, "batch_max") == 8 * lens.seq_max
+    packed = micro_batch_tokens(8, lens, padding="remove")
+    sorted_rows = micro_batch_tokens(8, lens, padding="sorted_rows", pool=256)
+    assert (
+        8 * lens.seq_mean < packed < sorted_rows < micro_batch_tokens(8, lens, padding="batch_max") == 8 * lens.seq_max
+    )
 
 
 def test_real_lengths_shrink_the_memory_peak(spec_of) -> None:
@@ -146,8 +148,8 @@ def test_bad_lengths_files_are_input_errors(tmp_path: Path, content: str, expect
 def test_balanced_partitions_shrink_the_spread_of_a_share() -> None:
     """verl balances each step's tokens across ranks: a micro-batch drawn from a rank's share varies less
     (finite-population factor), and the whole share is exactly its mean."""
-    free = sum_quantile_tokens(40, 300.0, 100.0, 1536)
-    balanced = sum_quantile_tokens(40, 300.0, 100.0, 1536, population=160)
+    free = sum_quantile_tokens(count=40, mean=300.0, std=100.0, max_len=1536)
+    balanced = sum_quantile_tokens(count=40, mean=300.0, std=100.0, max_len=1536, population=160)
     assert 40 * 300 < balanced < free
     assert (balanced - 12000) == pytest.approx((free - 12000) * math.sqrt(120 / 159), abs=1)
-    assert sum_quantile_tokens(160, 300.0, 100.0, 1536, population=160) == 160 * 300
+    assert sum_quantile_tokens(count=160, mean=300.0, std=100.0, max_len=1536, population=160) == 160 * 300

@@ -98,10 +98,10 @@ def test_update_logits_scored_positions_in_the_estimate(est) -> None:
 
 def test_kv_bytes_per_token_qwen25_7b() -> None:
     # 28 layers, 4 kv heads, head_dim 128, bf16. t = 2: 2 heads per GPU → 2 × 28 × 2 × 128 × 2 = 28,672 bytes
-    assert kv_bytes_per_token(28, 4, 128, 2, 2) == 28_672
+    assert kv_bytes_per_token(num_layers=28, num_kv_heads=4, head_dim=128, tensor_parallel=2, kv_bytes=2) == 28_672
     # t = 8 > 4 kv heads: one replicated head per GPU → 14,336 bytes
-    assert kv_bytes_per_token(28, 4, 128, 8, 2) == 14_336
-    assert kv_bytes_per_token(28, 4, 128, 1, 2) == 57_344
+    assert kv_bytes_per_token(num_layers=28, num_kv_heads=4, head_dim=128, tensor_parallel=8, kv_bytes=2) == 14_336
+    assert kv_bytes_per_token(num_layers=28, num_kv_heads=4, head_dim=128, tensor_parallel=1, kv_bytes=2) == 57_344
 
 
 def test_vllm_budget_qwen25_7b_util_half_on_a100(spec_of, cluster_of) -> None:
@@ -131,23 +131,35 @@ def test_activation_bytes_per_token_per_layer(spec_of) -> None:
     # kv heads (SDPA's native GQA, no mask on a GPU)
     assert (
         layer_activation_bytes_per_token(
-            s.hidden_size, s.q_dim, s.kv_dim, s.intermediate_size, s.num_attention_heads, 2
+            hidden=s.hidden_size,
+            q_dim=s.q_dim,
+            kv_dim=s.kv_dim,
+            intermediate=s.intermediate_size,
+            num_heads=s.num_attention_heads,
+            compute_bytes=2,
         )
         == 225_400
     )
     small = spec_of("qwen2.5-1.5b")  # traced exactly (FSDP2, 2 ranks): 103,480 bytes per token per layer
-    args = (small.hidden_size, small.q_dim, small.kv_dim, small.intermediate_size, small.num_attention_heads, 2)
-    assert layer_activation_bytes_per_token(*args) == 103_480
+    args = dict(
+        hidden=small.hidden_size,
+        q_dim=small.q_dim,
+        kv_dim=small.kv_dim,
+        intermediate=small.intermediate_size,
+        num_heads=small.num_attention_heads,
+        compute_bytes=2,
+    )
+    assert layer_activation_bytes_per_token(**args) == 103_480
     # one unsharded rank under autocast (traced exactly): +10h, the fp32 residual stream and per-projection casts
-    assert layer_activation_bytes_per_token(*args, autocast=True) == 103_480 + 10 * 1536 == 118_840
+    assert layer_activation_bytes_per_token(**args, autocast=True) == 103_480 + 10 * 1536 == 118_840
     q3 = spec_of("qwen3-1.7b")  # + q/k RMSNorm: 6·(q_dim + kv_dim) + 4·(a + kv heads)
     got = layer_activation_bytes_per_token(
-        q3.hidden_size,
-        q3.q_dim,
-        q3.kv_dim,
-        q3.intermediate_size,
-        q3.num_attention_heads,
-        2,
+        hidden=q3.hidden_size,
+        q_dim=q3.q_dim,
+        kv_dim=q3.kv_dim,
+        intermediate=q3.intermediate_size,
+        num_heads=q3.num_attention_heads,
+        compute_bytes=2,
         qk_norm=True,
         num_kv_heads=q3.num_kv_heads,
     )
@@ -158,13 +170,31 @@ def test_activation_bytes_per_token_per_layer(spec_of) -> None:
     # checkpointed: T × (L·2h + (2·2h + 4h) head side: final hidden, its normalised copy, RMSNorm's fp32
     # upcast) + the T × T boolean mask saved; one full layer (+ its bf16 mask) recomputed
     assert (
-        saved_activation_bytes(T, 28, 237_688, 2 * T * T, T * T, 3584, 2, True)
+        saved_activation_bytes(
+            tokens=T,
+            num_layers=28,
+            per_layer_per_token=237_688,
+            mask_per_layer=2 * T * T,
+            bool_mask=T * T,
+            hidden=3584,
+            compute_bytes=2,
+            checkpointing=True,
+        )
         == T * (28 * 2 * 3584 + 8 * 3584) + T * T
     )
     assert recompute_activation_bytes(T, 237_688, 2 * T * T, True) == T * 237_688 + 2 * T * T
     # full: every layer keeps its activations and its mask
     assert (
-        saved_activation_bytes(T, 28, 237_688, 2 * T * T, T * T, 3584, 2, False)
+        saved_activation_bytes(
+            tokens=T,
+            num_layers=28,
+            per_layer_per_token=237_688,
+            mask_per_layer=2 * T * T,
+            bool_mask=T * T,
+            hidden=3584,
+            compute_bytes=2,
+            checkpointing=False,
+        )
         == 28 * (T * 237_688 + 2 * T * T) + T * 8 * 3584 + T * T
     )
     assert recompute_activation_bytes(T, 237_688, 2 * T * T, False) == 0
@@ -219,7 +249,9 @@ def test_forward_only_layer_peak_matches_the_traced_qwen25_7b_pass() -> None:
     # post-attention residual, MLP input: 4·2·h) per token, beside a 32·1535² boolean mask (75,399,680
     # bytes after 512-byte rounding) and three int64 id tensors (393,216 each) plus 12,288 bytes
     T, h, inter = 32 * 1535, 3584, 18944
-    layer = forward_activation_bytes(T, h, inter, 2, 0, 0)
+    layer = forward_activation_bytes(
+        tokens=T, hidden=h, intermediate=inter, compute_bytes=2, mask_per_layer=0, bool_mask=0
+    )
     assert layer == 2 * (3 * inter + 4 * h) * T == 6_991_544_320
     assert layer + 75_399_680 + 3 * 393_216 + 12_288 == 7_068_135_936
     # the single-residual formula this replaced, 2·(3I + h)·T, was 1.06 GiB short of the trace

@@ -63,7 +63,7 @@ def _generation_s(config: dict, tp: int, budget_gib: int) -> float:
     spec = spec_from_hf_config(config, "llama-2")
     kv_tokens = int((budget_gib * GiB - 2 * spec.num_params / tp) // kv_bytes_per_token_per_gpu(spec, tp))
     knobs = Knobs(rollout_tp=tp, max_num_seqs=256, enforce_eager=True, vllm_engine="v0")
-    return rollout_time_s(spec, parse_cluster("2x8xA100-80G"), HYBRIDFLOW, knobs, kv_tokens)
+    return rollout_time_s(spec, parse_cluster("2x8xA100-80G"), HYBRIDFLOW, knobs, kv_cache_tokens_per_gpu=kv_tokens)
 
 
 @pytest.mark.parametrize("budget_gib", [40, 45, 50])

@@ -30,13 +30,22 @@ def _budget(preexisting: int = 0, fraction: float = 0.5, **over):
         num_params=m.num_params,
         tensor_parallel=1,
         weight_bytes=2,
-        kv_bytes_per_token=kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, 1, 2),
+        kv_bytes_per_token=kv_bytes_per_token(
+            num_layers=m.num_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, tensor_parallel=1, kv_bytes=2
+        ),
         context_len=m.max_position_embeddings,
         max_running_requests=256,
         cuda_graph_max_bs=0,
         disable_cuda_graph=False,
         chunked_prefill_size=0,
-        forward_bytes_per_token=forward_bytes_per_token(m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size, 1, 2),
+        forward_bytes_per_token=forward_bytes_per_token(
+            hidden=m.hidden_size,
+            q_dim=m.q_dim,
+            kv_dim=m.kv_dim,
+            intermediate=m.intermediate_size,
+            tensor_parallel=1,
+            compute_bytes=2,
+        ),
         vocab=m.vocab_size,
         sampler_bytes_per_vocab_entry=8,
         cuda_graph_bytes_per_graph=8 << 20,
@@ -56,7 +65,9 @@ def test_fraction_of_free_memory_by_hand() -> None:
     assert spec("qwen2.5-7b").max_position_embeddings == 131072
     assert b.req_to_token_bytes == 4 * 257 * 131076
     # H100-sized GPU, TP 1 → cuda_graph_max_bs 256: 5 small sizes + 16..256 step 8 (31) = 36 graphs
-    fwd = forward_bytes_per_token(3584, 3584, 512, 18944, 1, 2)
+    fwd = forward_bytes_per_token(
+        hidden=3584, q_dim=3584, kv_dim=512, intermediate=18944, tensor_parallel=1, compute_bytes=2
+    )
     assert b.cuda_graph_bytes == 36 * (8 << 20) + 256 * fwd
     assert b.activation_bytes == max(8192 * fwd, 256 * 152064 * 8)
     reserve = 30 * GiB - b.req_to_token_bytes - b.cuda_graph_bytes - b.activation_bytes

@@ -31,12 +31,12 @@ def spec(alias: str):
 def _layer_traffic(s, c: int = 2) -> int:
     """2 × the bytes every layer saves per token (written once, read once)."""
     per_layer = layer_activation_bytes_per_token(
-        s.hidden_size,
-        s.q_dim,
-        s.kv_dim,
-        s.intermediate_size,
-        s.num_attention_heads,
-        c,
+        hidden=s.hidden_size,
+        q_dim=s.q_dim,
+        kv_dim=s.kv_dim,
+        intermediate=s.intermediate_size,
+        num_heads=s.num_attention_heads,
+        compute_bytes=c,
         qk_norm=s.qk_norm,
         num_kv_heads=s.num_kv_heads,
     )
@@ -171,9 +171,11 @@ def test_decode_steps_follow_the_tail_or_the_kv_capacity() -> None:
     assert roomy.decode_steps == 1024  # the tail: some response reaches the cap
     tight = T.rollout_breakdown(s, c, w, k, kv_cache_tokens_per_gpu=300 * 64)  # 64 sequences of 300 tokens
     assert tight.concurrency == 64 and tight.decode_steps == 1280 * 200 // 64
-    assert T.rollout_time_s(s, c, w, k, 300 * 64) > 1.5 * T.rollout_time_s(s, c, w, k, 10**9)
+    assert T.rollout_time_s(s, c, w, k, kv_cache_tokens_per_gpu=300 * 64) > 1.5 * T.rollout_time_s(
+        s, c, w, k, kv_cache_tokens_per_gpu=10**9
+    )
     short_tail = w.model_copy(update={"response_tail_tokens": 600})
-    assert T.rollout_breakdown(s, c, short_tail, k, 10**9).decode_steps == 600
+    assert T.rollout_breakdown(s, c, short_tail, k, kv_cache_tokens_per_gpu=10**9).decode_steps == 600
 
 
 def test_expected_lengths_cost_less_than_the_maximum() -> None:
@@ -198,8 +200,8 @@ def test_v0_engine_pays_per_step_and_per_running_sequence() -> None:
         prompt_len_mean_tokens=104,
         response_len_mean_tokens=145,
     )
-    v1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), 10**9)
-    v0 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1, vllm_engine="v0"), 10**9)
+    v1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), kv_cache_tokens_per_gpu=10**9)
+    v0 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1, vllm_engine="v0"), kv_cache_tokens_per_gpu=10**9)
     generated = v1.seqs_per_replica * 145
     extra = (
         v1.decode_steps * (COEF.vllm_v0_step_overhead_s - COEF.vllm_v1_step_overhead_s)
@@ -212,8 +214,8 @@ def test_v0_engine_pays_per_step_and_per_running_sequence() -> None:
 def test_tp_collectives_cost_two_all_reduces_per_layer_and_a_logits_gather_per_step() -> None:
     s, c = spec("qwen2.5-7b"), parse_cluster("8xH100")
     w = Workload(prompt_len_mean_tokens=100, response_len_mean_tokens=200)
-    tp1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), 10**9)
-    tp4 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=4), 10**9)
+    tp1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), kv_cache_tokens_per_gpu=10**9)
+    tp4 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=4), kv_cache_tokens_per_gpu=10**9)
     assert tp1.decode_tp_comm_s == 0.0  # no TP
     # V1 with CUDA graphs: only the engine's per-step scheduling time
     assert tp1.decode_overhead_s == pytest.approx(tp1.decode_steps * COEF.vllm_v1_step_overhead_s, rel=1e-9)
@@ -229,8 +231,8 @@ def test_every_tp_rank_samples_the_whole_replica_batch() -> None:
     4× the sequences a TP-1 replica does (same GPUs, same responses)."""
     s, c = spec("qwen2.5-7b"), parse_cluster("8xH100")
     w = Workload(prompt_len_mean_tokens=100, response_len_mean_tokens=200)
-    tp1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), 10**9)
-    tp4 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=4), 10**9)
+    tp1 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=1), kv_cache_tokens_per_gpu=10**9)
+    tp4 = T.rollout_breakdown(s, c, w, Knobs(rollout_tp=4), kv_cache_tokens_per_gpu=10**9)
     assert tp4.seqs_per_replica == 4 * tp1.seqs_per_replica
     assert tp4.decode_sampler_s == pytest.approx(4 * tp1.decode_sampler_s, rel=1e-12)
     per_token = 2 * 20 * s.vocab_size / (3350e9 * COEF.hbm_efficiency)  # Overheads: 20 B per vocab entry
@@ -284,9 +286,9 @@ def test_trl_skips_old_logprob_only_for_one_on_policy_update() -> None:
 
 def test_eager_and_hf_rollout_are_slower() -> None:
     s, c, w = spec("qwen2.5-7b"), parse_cluster("8xA100-80G"), Workload()
-    graphs = T.rollout_time_s(s, c, w, Knobs(), 256 * 1536)
-    eager = T.rollout_time_s(s, c, w, Knobs(enforce_eager=True), 256 * 1536)
-    hf = T.rollout_time_s(s, c, w, Knobs(rollout_backend="hf", max_num_seqs=256), 256 * 1536)
+    graphs = T.rollout_time_s(s, c, w, Knobs(), kv_cache_tokens_per_gpu=256 * 1536)
+    eager = T.rollout_time_s(s, c, w, Knobs(enforce_eager=True), kv_cache_tokens_per_gpu=256 * 1536)
+    hf = T.rollout_time_s(s, c, w, Knobs(rollout_backend="hf", max_num_seqs=256), kv_cache_tokens_per_gpu=256 * 1536)
     assert graphs < eager < hf
 
 

@@ -126,7 +126,13 @@ def test_layer_activations_under_autocast_match_the_formula(share: bool) -> None
     assert (two.shared_forwards > 0) == share
     grown = three.update.forward_backward_labels["Activation"] - two.update.forward_backward_labels["Activation"]
     per_token = layer_activation_bytes_per_token(
-        TINY.hidden_size, TINY.q_dim, TINY.kv_dim, TINY.intermediate_size, TINY.num_attention_heads, 2, autocast=True
+        hidden=TINY.hidden_size,
+        q_dim=TINY.q_dim,
+        kv_dim=TINY.kv_dim,
+        intermediate=TINY.intermediate_size,
+        num_heads=TINY.num_attention_heads,
+        compute_bytes=2,
+        autocast=True,
     )
     rows = 4
     if share:
@@ -224,7 +230,13 @@ def test_hf_decode_loop_trace_matches_the_rollout_model() -> None:
     tr = trace_hf_decode(TINY, batch_seqs=rows, group_size=4, prompt_len_tokens=prompt, new_tokens=new)
     head = 2 * TINY.vocab_size * TINY.hidden_size
     assert tr.labels["Autocast Cast"] == head
-    kv32 = kv_bytes_per_token(TINY.num_layers, TINY.num_kv_heads, TINY.head_dim, 1, 4)
+    kv32 = kv_bytes_per_token(
+        num_layers=TINY.num_layers,
+        num_kv_heads=TINY.num_kv_heads,
+        head_dim=TINY.head_dim,
+        tensor_parallel=1,
+        kv_bytes=4,
+    )
     gen = hf_generate_memory(
         batch_seqs=rows,
         prompt_seqs=2,
@@ -232,7 +244,12 @@ def test_hf_decode_loop_trace_matches_the_rollout_model() -> None:
         response_tokens=new,
         kv_bytes_per_token=kv32,
         prefill_bytes_per_token=forward_bytes_per_token(
-            TINY.hidden_size, TINY.q_dim, TINY.kv_dim, TINY.intermediate_size, 1, 2
+            hidden=TINY.hidden_size,
+            q_dim=TINY.q_dim,
+            kv_dim=TINY.kv_dim,
+            intermediate=TINY.intermediate_size,
+            tensor_parallel=1,
+            compute_bytes=2,
         ),
         vocab=TINY.vocab_size,
         compute_bytes=2,

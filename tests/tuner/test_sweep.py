@@ -36,7 +36,7 @@ def sweep(tmp_path, runner, events, *, trials, storage=None, name="s", cap=None,
         memory_cap_bytes=cap,
         use_prior=use_prior,
     )
-    return study, Sweep(study, plan, setup, settings, runner, events)
+    return study, Sweep(study, plan, setup, settings, runner=runner, events=events)
 
 
 def test_seeds_first_then_the_sampler_until_n_counted(tmp_path, events):
@@ -207,7 +207,9 @@ def test_duplicates_are_not_counted_and_the_space_can_run_out(tmp_path, events):
     study = st.open_study(None, "s")
     space = build_space(plan).restrict(["gradient_checkpointing"])
     settings = SweepSettings(trials=3, out_dir=str(tmp_path / "out"), config_path="c.toml", use_prior=False)
-    records = Sweep(study, plan, prepare(plan, space, memory_limit(plan), False), settings, runner, events).run()
+    records = Sweep(
+        study, plan, prepare(plan, space, memory_limit(plan), False), settings, runner=runner, events=events
+    ).run()
     assert len(records) == 2 == len(runner.requests)  # the space has two points
     assert {r.params["gradient_checkpointing"] for r in records} == {False, True}
     assert "every point of the space has been tried" in events.notes

@@ -105,7 +105,7 @@ def _chunk_forward(scaled: Tensor, targets: Tensor, with_entropy: bool) -> tuple
 
 
 def _chunk_grad_scaled(
-    scaled: Tensor, lse: Tensor, targets: Tensor, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
+    *, scaled: Tensor, lse: Tensor, targets: Tensor, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
 ) -> Tensor:
     """d objective / d scaled for one chunk [c, V]: g_lp · (onehot − p) + g_H · (−p ⊙ (x − E_p[x])).
 
@@ -169,11 +169,11 @@ class _LogitsLogProbs(torch.autograd.Function):
         for start in range(0, logits.shape[0], chunk_tokens):
             stop = min(start + chunk_tokens, logits.shape[0])
             grad = _chunk_grad_scaled(
-                _scaled_rows(logits[start:stop], temperature),
-                lse[start:stop],
-                targets[start:stop],
-                grad_logprobs[start:stop] if grad_logprobs is not None else None,
-                grad_entropy[start:stop] if grad_entropy is not None else None,
+                scaled=_scaled_rows(logits[start:stop], temperature),
+                lse=lse[start:stop],
+                targets=targets[start:stop],
+                grad_logprobs=grad_logprobs[start:stop] if grad_logprobs is not None else None,
+                grad_entropy=grad_entropy[start:stop] if grad_entropy is not None else None,
             )
             if temperature != 1.0:
                 grad.div_(temperature)
@@ -235,15 +235,15 @@ class _ChunkedLogProbs(torch.autograd.Function):
         use_entropy = ctx.with_entropy and grad_entropy is not None
         with _no_autocast(hidden):
             _chunked_backward(
-                hidden,
-                weight,
-                targets,
-                temperature,
-                chunk_tokens,
-                grad_logprobs,
-                grad_entropy if use_entropy else None,
-                grad_hidden,
-                grad_weight,
+                hidden=hidden,
+                weight=weight,
+                targets=targets,
+                temperature=temperature,
+                chunk_tokens=chunk_tokens,
+                grad_logprobs=grad_logprobs,
+                grad_entropy=grad_entropy if use_entropy else None,
+                grad_hidden=grad_hidden,
+                grad_weight=grad_weight,
             )
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
@@ -251,6 +251,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
 
 
 def _chunked_backward(
+    *,
     hidden: Tensor,
     weight: Tensor,
     targets: Tensor,
@@ -267,11 +268,11 @@ def _chunked_backward(
         h_chunk = hidden[start:stop]
         scaled = _chunk_scaled_logits(h_chunk, weight, temperature)
         grad_scaled = _chunk_grad_scaled(
-            scaled,
-            torch.logsumexp(scaled, dim=-1),
-            targets[start:stop],
-            grad_logprobs[start:stop] if grad_logprobs is not None else None,
-            grad_entropy[start:stop] if grad_entropy is not None else None,
+            scaled=scaled,
+            lse=torch.logsumexp(scaled, dim=-1),
+            targets=targets[start:stop],
+            grad_logprobs=grad_logprobs[start:stop] if grad_logprobs is not None else None,
+            grad_entropy=grad_entropy[start:stop] if grad_entropy is not None else None,
         )
         grad_logits = (grad_scaled / temperature).to(weight.dtype)  # [c, V]
         if grad_hidden is not None:

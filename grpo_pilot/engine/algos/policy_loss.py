@@ -28,7 +28,7 @@ On-policy (one update per rollout batch, old = logprobs.detach()): ρ ≡ 1, so 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -42,6 +42,7 @@ VERL_LOG_RATIO_CLAMP = 20.0  # verl core_algos.compute_policy_loss_vanilla: clam
 
 
 def _check_settings(
+    *,
     loss_agg_mode: str,
     clip_low: float,
     clip_high: float,
@@ -74,6 +75,7 @@ def _check_shapes(
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    *,
     ref_logprobs: Tensor | None,
     entropy: Tensor | None,
 ) -> None:
@@ -143,25 +145,32 @@ def policy_loss_terms(
     """Scalar loss to back-propagate and its statistics as 0-d device tensors (the metrics of `policy_loss`), so
     that a caller accumulating micro-batches reads nothing back per micro-batch (engine/actor.py). With no
     token under the mask `ratio_min` / `ratio_max` hold ±float max (`policy_loss` drops them)."""
-    _check_settings(loss_agg_mode, clip_low, clip_high, clip_c, ratio_level, kl_coef, kl_type, log_ratio_clamp)
-    _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs, entropy)
+    _check_settings(
+        loss_agg_mode=loss_agg_mode,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        clip_c=clip_c,
+        ratio_level=ratio_level,
+        kl_coef=kl_coef,
+        kl_type=kl_type,
+        log_ratio_clamp=log_ratio_clamp,
+    )
+    _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs=ref_logprobs, entropy=entropy)
     _check_inputs_for_terms(kl_coef, ref_logprobs, entropy_coeff, entropy)
     agg = {"loss_scale_len": loss_scale_len, "global_num_tokens": global_num_tokens, "global_num_seqs": global_num_seqs}
 
-    adv = advantages.detach().to(logprobs.dtype)
-    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
-    log_ratio = logprobs - old_logprobs.detach()  # [B, T]
-    ratio = torch.exp(_level_log_ratio(log_ratio, mask.to(logprobs.dtype), ratio_level, log_ratio_clamp))
-
-    loss_unclipped = -adv * ratio
-    loss_clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    pg = torch.maximum(loss_unclipped, loss_clipped)
-    dual_active = torch.zeros_like(pg, dtype=torch.bool)
-    if clip_c is not None:
-        cap = -adv * clip_c
-        dual_active = (adv < 0) & (pg > cap)
-        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
-    pg_loss = aggregate(pg, mask, loss_agg_mode, **agg)
+    clipped = _clipped_pg(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        ratio_level=ratio_level,
+        log_ratio_clamp=log_ratio_clamp,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        clip_c=clip_c,
+    )
+    pg_loss = aggregate(clipped.pg, mask, loss_agg_mode, **agg)
 
     stats: dict[str, Tensor] = {"pg_loss": pg_loss.detach()}
     total = pg_loss
@@ -181,11 +190,50 @@ def policy_loss_terms(
         stats["entropy_loss"] = entropy_loss.detach()
         stats["entropy"] = masked_mean(entropy.detach(), mask)
     stats["loss"] = total.detach()
-    clip = _clip_stats(
-        ratio.detach(), adv, loss_unclipped.detach(), loss_clipped.detach(), dual_active, log_ratio.detach(), mask,
-        clip_low, clip_high,
-    )  # fmt: skip
-    return total, {**stats, **clip}
+    return total, {**stats, **_clip_stats(clipped, mask, clip_low, clip_high)}
+
+
+class _Clipped(NamedTuple):
+    """The clipped policy-gradient term and what its statistics read ([B, T]; `adv` and a sequence-level
+    ratio may be [B, 1])."""
+
+    adv: Tensor
+    log_ratio: Tensor
+    ratio: Tensor
+    loss_unclipped: Tensor
+    loss_clipped: Tensor
+    dual_active: Tensor  # where the dual clip (clip_c) capped a negative-advantage token
+    pg: Tensor
+
+
+def _clipped_pg(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    ratio_level: str,
+    log_ratio_clamp: float | None,
+    clip_low: float,
+    clip_high: float,
+    clip_c: float | None,
+) -> _Clipped:
+    """PPO's clipped surrogate per token: max(−A·r, −A·clip(r, 1 − low, 1 + high)), capped at −A·clip_c where
+    A < 0 when a dual-clip constant `clip_c` is set."""
+    adv = advantages.detach().to(logprobs.dtype)
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    log_ratio = logprobs - old_logprobs.detach()  # [B, T]
+    ratio = torch.exp(_level_log_ratio(log_ratio, mask.to(logprobs.dtype), ratio_level, log_ratio_clamp))
+
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    pg = torch.maximum(loss_unclipped, loss_clipped)
+    dual_active = torch.zeros_like(pg, dtype=torch.bool)
+    if clip_c is not None:
+        cap = -adv * clip_c
+        dual_active = (adv < 0) & (pg > cap)
+        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
+    return _Clipped(adv, log_ratio, ratio, loss_unclipped, loss_clipped, dual_active, pg)
 
 
 def _check_inputs_for_terms(
@@ -212,18 +260,11 @@ def _level_log_ratio(log_ratio: Tensor, weights: Tensor, ratio_level: str, clamp
     return log_ratio if clamp is None else torch.clamp(log_ratio, min=-clamp, max=clamp)
 
 
-def _clip_stats(
-    ratio: Tensor,
-    adv: Tensor,
-    loss_unclipped: Tensor,
-    loss_clipped: Tensor,
-    dual_active: Tensor,
-    log_ratio: Tensor,
-    mask: Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> dict[str, Tensor]:
-    """Token-mean clip statistics over `mask` ([B, T]; [B, 1] tensors are broadcast)."""
+def _clip_stats(clipped: _Clipped, mask: Tensor, clip_low: float, clip_high: float) -> dict[str, Tensor]:
+    """Token-mean clip statistics over `mask` ([B, T]; [B, 1] tensors are broadcast), on detached tensors."""
+    ratio, adv, dual_active = clipped.ratio.detach(), clipped.adv, clipped.dual_active
+    loss_unclipped, loss_clipped = clipped.loss_unclipped.detach(), clipped.loss_clipped.detach()
+    log_ratio = clipped.log_ratio.detach()
     valid = mask.bool()
     full_ratio = ratio.expand(valid.shape)
     low = (ratio < 1.0 - clip_low) & (adv < 0)

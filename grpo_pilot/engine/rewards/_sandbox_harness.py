@@ -128,7 +128,7 @@ def _prctl_bare():
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _kill_descendants(kill=os.kill, waitpid=os.waitpid, listdir=os.listdir, read=open, sleep=time.sleep):
+def _kill_descendants(*, kill=os.kill, waitpid=os.waitpid, listdir=os.listdir, read=open, sleep=time.sleep):
     """Bare mode: SIGKILL every other process of our group and every child of ours, and reap them."""
     me, group = os.getpid(), os.getpgrp()
     for _ in range(200):
@@ -187,7 +187,7 @@ def _confine(limits, mode):
     return who
 
 
-def main(_exec=exec, _compile=compile, _write=os.write, _dumps=json.dumps, _exit=os._exit):
+def main(*, _exec=exec, _compile=compile, _write=os.write, _dumps=json.dumps, _exit=os._exit):
     """Entry point; the functions it uses are bound before the code runs, so patching builtins,
     `os` or `json` from inside the code changes neither how tests run nor how lines are written."""
     mode = sys.argv[1]

@@ -197,7 +197,9 @@ def unshare_command(interpreter: Interpreter, program: str, argument: str, tmp_b
     ]
 
 
-def command(mechanism: Mechanism, interpreter: Interpreter, program: str, argument: str, tmp_bytes: int) -> list[str]:
+def command(
+    *, mechanism: Mechanism, interpreter: Interpreter, program: str, argument: str, tmp_bytes: int
+) -> list[str]:
     if mechanism == "bwrap":
         return bwrap_command(interpreter, program, argument, tmp_bytes)
     if mechanism == "unshare":
@@ -252,7 +254,13 @@ def probe(mechanism: Mechanism) -> IsolationReport:
     marker.touch()
     try:
         out = subprocess.run(
-            command(mechanism, interpreter, PROBE_SCRIPT, str(marker), 1 << 20),
+            command(
+                mechanism=mechanism,
+                interpreter=interpreter,
+                program=PROBE_SCRIPT,
+                argument=str(marker),
+                tmp_bytes=1 << 20,
+            ),
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT_S,

@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, NamedTuple, Sequence
 
 from pydantic import Field
 
@@ -182,6 +182,32 @@ def _messages(raw: bytes) -> list[dict[str, Any]]:
     return out
 
 
+class _Launch(NamedTuple):
+    """Where and as whom the harness runs: bare mode's private directory and process marker, the interpreter,
+    its environment and the Popen user arguments."""
+
+    work: Path | None
+    token: str | None
+    interpreter: iso.Interpreter
+    env: dict[str, str]
+    user: dict[str, object]
+
+
+def _launch(mechanism: iso.Mechanism) -> _Launch:
+    """Bare mode (`none`): a fresh directory (the harness's, owned by nobody when we are root) and a marker
+    token; a namespace mechanism: the sandbox user's interpreter and environment."""
+    if mechanism == "none":
+        work = Path(tempfile.mkdtemp(prefix="grpo_pilot_sandbox_"))
+        if os.geteuid() == 0:  # the harness drops to nobody: it may only write in its directory
+            os.chown(work, NOBODY_ID, NOBODY_ID)
+        token = new_token()  # marks the job's processes, setsid ones included (proctree.py)
+        return _Launch(work, token, _bare_interpreter(), {**_bare_env(work), MARKER_ENV: token}, {})
+    uid = iso.sandbox_uid()
+    found = iso.interpreter_for(uid)
+    assert found is not None, "resolve_isolation checked that an interpreter exists"
+    return _Launch(None, None, found, iso.launch_env(mechanism), iso.as_user(uid))
+
+
 def run_tests(
     code: str,
     tests: Sequence[str],
@@ -194,26 +220,21 @@ def run_tests(
     mechanism = resolve_isolation(isolation, allow_unsandboxed=allow_unsandboxed)
     sealed = seal_tests(tests)
     payload: dict[str, Any] = {"code": code, "tests": list(sealed.sources), "limits": limits.model_dump()}
-    work: Path | None = None
-    token: str | None = None
-    if mechanism == "none":
-        work = Path(tempfile.mkdtemp(prefix="grpo_pilot_sandbox_"))
-        if os.geteuid() == 0:  # the harness drops to nobody: it may only write in its directory
-            os.chown(work, NOBODY_ID, NOBODY_ID)
+    work, token, interpreter, env, user = _launch(mechanism)
+    if work is not None:
         payload["workdir"] = str(work)
-        token = new_token()  # marks the job's processes, setsid ones included (proctree.py)
-        interpreter, env, user = _bare_interpreter(), {**_bare_env(work), MARKER_ENV: token}, {}
-    else:
-        uid = iso.sandbox_uid()
-        found = iso.interpreter_for(uid)
-        assert found is not None, "resolve_isolation checked that an interpreter exists"
-        interpreter, env, user = found, iso.launch_env(mechanism), iso.as_user(uid)
     mode = "bare" if mechanism == "none" else "ns"
     try:
         start = time.perf_counter()
         try:
             proc = subprocess.Popen(
-                iso.command(mechanism, interpreter, _harness_source(), mode, limits.tmp_bytes),
+                iso.command(
+                    mechanism=mechanism,
+                    interpreter=interpreter,
+                    program=_harness_source(),
+                    argument=mode,
+                    tmp_bytes=limits.tmp_bytes,
+                ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

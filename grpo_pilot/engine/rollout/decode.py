@@ -229,11 +229,11 @@ def decode_batch(
         if fast is not None:
             logits = fast(token, last)
         else:
-            logits = _model_step(model, token, step_mask[..., : width + steps], last, cache)
+            logits = _model_step(model, token=token, mask=step_mask[..., : width + steps], positions=last, cache=cache)
     return out[:, :steps].tolist()
 
 
-def _model_step(model: Any, token: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> Tensor:
+def _model_step(model: Any, *, token: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> Tensor:
     """One decode step through the model's own forward (models the Llama step does not cover): logits [B, V]."""
     return model(
         input_ids=token[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True

@@ -82,7 +82,13 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     # one formula for planner and engine (profiles/spec.py): one GPU, no tensor parallelism
-    return spec_kv_bytes_per_token(int(config.num_hidden_layers), kv_heads, head_dim, 1, dtype_bytes)
+    return spec_kv_bytes_per_token(
+        num_layers=int(config.num_hidden_layers),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        tensor_parallel=1,
+        kv_bytes=dtype_bytes,
+    )
 
 
 class _StopStringTail:
@@ -171,7 +177,14 @@ class HFRollout:
         with self._generation_mode(model, device):
             for start in range(0, len(order), rows):
                 chunk = order[start : start + rows]
-                outs = self._generate_chunk(model, [prompt_ids[i] for i in chunk], sampling, generator, weights, mode)
+                outs = self._generate_chunk(
+                    model,
+                    prompts=[prompt_ids[i] for i in chunk],
+                    sampling=sampling,
+                    generator=generator,
+                    weights=weights,
+                    mode=mode,
+                )
                 raw.update(zip(chunk, outs))
         return [
             finish_completion(raw[i], eos_ids=self.eos_ids, sampling=sampling, decode=self._decode)
@@ -261,6 +274,7 @@ class HFRollout:
     def _generate_chunk(
         self,
         model: Any,
+        *,
         prompts: list[list[int]],
         sampling: SamplingConfig,
         generator: torch.Generator,

@@ -101,7 +101,7 @@ def _hf_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 class _Layer:
     """One layer's tensors and constants, from the model's modules and the decode weights."""
 
-    def __init__(self, layer: Any, w: DecodeWeights, heads: int, kv_heads: int, dim: int) -> None:
+    def __init__(self, layer: Any, w: DecodeWeights, *, heads: int, kv_heads: int, dim: int) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.in_norm, self.post_norm = w(layer.input_layernorm.weight), w(layer.post_attention_layernorm.weight)
         self.in_eps = float(layer.input_layernorm.variance_epsilon)
@@ -143,7 +143,8 @@ class StaticStep:
         self.final_eps = float(decoder.norm.variance_epsilon)
         self.head = (weights(model.lm_head.weight), weights(model.lm_head.bias))
         self.layers = [
-            _Layer(layer, weights, self.num_heads, self.num_kv_heads, self.head_dim) for layer in decoder.layers
+            _Layer(layer, weights, heads=self.num_heads, kv_heads=self.num_kv_heads, dim=self.head_dim)
+            for layer in decoder.layers
         ]
         self.lean = dtype == torch.float32
         self.total_len = total_len

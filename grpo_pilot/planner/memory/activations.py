@@ -53,13 +53,13 @@ AUTOCAST_LAYER_HIDDEN_BYTES = 10  # fp32 residual + per-projection casts under a
 
 
 def layer_activation_bytes_per_token(
+    *,
     hidden: int,
     q_dim: int,
     kv_dim: int,
     intermediate: int,
     num_heads: int,
     compute_bytes: int,
-    *,
     qk_norm: bool = False,
     num_kv_heads: int = 0,
     autocast: bool = False,
@@ -89,6 +89,7 @@ def boolean_mask_bytes(tokens: int, row_tokens: int) -> int:
 
 
 def saved_activation_bytes(
+    *,
     tokens: int,
     num_layers: int,
     per_layer_per_token: int,
@@ -97,7 +98,6 @@ def saved_activation_bytes(
     hidden: int,
     compute_bytes: int,
     checkpointing: bool,
-    *,
     head_side: int | None = None,
     layer_input_bytes: int | None = None,
 ) -> int:
@@ -165,13 +165,13 @@ FORWARD_HIDDEN_COPIES = 4
 
 
 def forward_activation_bytes(
+    *,
     tokens: int,
     hidden: int,
     intermediate: int,
     compute_bytes: int,
     mask_per_layer: int,
     bool_mask: int,
-    *,
     hidden_bytes: int | None = None,
 ) -> int:
     """Peak of a forward-only (no-grad) pass inside a layer: the SwiGLU's act, up and product

@@ -19,7 +19,13 @@ from grpo_pilot.planner.lengths import Lengths, lengths_of, micro_batch_tokens, 
 from grpo_pilot.planner.memory.activation_offload import ActivationOffload
 from grpo_pilot.planner.memory.autocast import autocast_cast_params
 from grpo_pilot.planner.memory.critic_plan import CriticPlan, critic_engine_start_bytes
-from grpo_pilot.planner.memory.family_parts import FamilyParts, actor_states, engine_budget_with_lora, family_parts
+from grpo_pilot.planner.memory.family_parts import (
+    ActorStates,
+    FamilyParts,
+    actor_states,
+    engine_budget_with_lora,
+    family_parts,
+)
 from grpo_pilot.planner.memory.fsdp import gathered_layers_bytes, root_gathered_bytes
 from grpo_pilot.planner.memory.layout import Layout, layout_for
 from grpo_pilot.planner.memory.lora_plan import LoraPlan
@@ -125,12 +131,20 @@ def micro_batch_tokens_per_rank(
     population = step_seqs if executor.balances_batch else None
 
     def packed(budget_tokens: int, available_seqs: int) -> int:
-        available = micro_batch_tokens(available_seqs, lengths, "remove", population=population)
-        return budget_tokens_per_rank(budget_tokens, lengths.seq_max, available, sp, executor.budget_scaled_by_sp)
+        available = micro_batch_tokens(available_seqs, lengths, padding="remove", population=population)
+        return budget_tokens_per_rank(
+            budget_tokens=budget_tokens,
+            longest_seq_tokens=lengths.seq_max,
+            available_tokens=available,
+            ulysses_sp=sp,
+            budget_scaled_by_sp=executor.budget_scaled_by_sp,
+        )
 
     def fixed(seqs: int, available_seqs: int) -> int:
         count = min(seqs, available_seqs)
-        tokens = micro_batch_tokens(count, lengths, executor.padding, available_seqs, population=population)
+        tokens = micro_batch_tokens(
+            count, lengths, padding=executor.padding, pool=available_seqs, population=population
+        )
         return fixed_tokens_per_rank(tokens, sp)
 
     if knobs.max_token_len_per_gpu is not None:
@@ -206,6 +220,7 @@ def rollout_leftovers(
 def _rollout_budget(
     model: ModelSpec,
     knobs: Knobs,
+    *,
     device: DeviceTraits,
     device_bytes: int,
     prec: Precision,
@@ -237,6 +252,129 @@ def _rollout_budget(
     return engine_budget_with_lora(engine, fam.lora)
 
 
+class _Sharding(NamedTuple):
+    """Where the training states live: the layout, the precision, whether and how far they are sharded."""
+
+    precision: Precision
+    layout: Layout
+    lengths: Lengths
+    sharded: bool  # parameters are sharded and gathered (false: one rank using them in place)
+    shard_degree: int  # FSDP group size (HSDP replicates across groups)
+    param_offload: bool
+
+
+def _sharding(cluster: Cluster, workload: Workload, knobs: Knobs, executor: ExecutorTraits) -> _Sharding:
+    """The layout over the cluster, the executor's precision on its device and the sharding of the states."""
+    device = cluster.device
+    lay = layout_for(cluster.num_nodes, cluster.gpus_per_node, knobs.placement, knobs.split_rollout_gpus_per_node)
+    # offload is meaningless on the cpu pseudo-device: host RAM is the device
+    p_off = knobs.param_offload and device.offload_meaningful
+    sharded = policy_sharded(
+        trainer_gpus=lay.trainer_gpus,
+        device=device,
+        executor=executor,
+        param_offload=p_off,
+        optimizer_offload=knobs.optimizer_offload and device.offload_meaningful,
+    )
+    return _Sharding(
+        precision=precision_for(executor, device),
+        layout=lay,
+        lengths=lengths_of(workload),
+        sharded=sharded,
+        shard_degree=knobs.shard_degree(lay.trainer_gpus),
+        param_offload=p_off,
+    )
+
+
+class _Held(NamedTuple):
+    """What one training rank holds: the launch families' parts, the actor's states, the micro-batch tokens."""
+
+    fam: FamilyParts
+    states: ActorStates
+    autocast: bool  # fp32 weights used in place under bf16 autocast (memory/autocast.py)
+    update_tokens: int
+    log_prob_tokens: int
+
+
+def _held(
+    model: ModelSpec, workload: Workload, knobs: Knobs, *, executor: ExecutorTraits, device: DeviceTraits, sh: _Sharding
+) -> _Held:
+    """The families' parts (LoRA, critic, activation offload), the actor's states of one rank and the tokens per
+    rank of one update and one log-prob micro-batch."""
+    prec, lay = sh.precision, sh.layout
+
+    def tokens_of(k: Knobs) -> tuple[int, int]:
+        return micro_batch_tokens_per_rank(workload, k, executor, lengths=sh.lengths, trainer_gpus=lay.trainer_gpus)
+
+    update_tokens, log_prob_tokens = tokens_of(knobs)
+    fam = family_parts(
+        model,
+        workload,
+        knobs,
+        executor=executor,
+        precision=prec,
+        shards=sh.shard_degree,
+        sharded=sh.sharded,
+        tokens_of=tokens_of,
+        offload_meaningful=device.offload_meaningful,
+    )
+    autocast = not sh.sharded and prec.master_bytes != prec.compute_bytes
+    casts = autocast_cast_params(model, lm_head=not (knobs.fused_logprob and executor.logits_kernel == "ours"))
+    states = actor_states(
+        model,
+        prec,
+        shards=sh.shard_degree,
+        sharded=sh.sharded,
+        has_ref=workload.use_kl_loss,
+        lora=fam.lora,
+        autocast=autocast,
+        casts=casts,
+    )
+    return _Held(fam, states, autocast, update_tokens, log_prob_tokens)
+
+
+class _RolloutSide(NamedTuple):
+    """The process overheads and the rollout engine: its budget and what it keeps outside rollout."""
+
+    trainer_overheads: dict[str, int]
+    rollout_overheads: dict[str, int]
+    budget: VllmBudget | None
+    leftovers: dict[str, int]
+
+
+def _rollout_side(
+    model: ModelSpec,
+    cluster: Cluster,
+    knobs: Knobs,
+    *,
+    executor: ExecutorTraits,
+    overheads: Overheads,
+    sh: _Sharding,
+    held: _Held,
+) -> _RolloutSide:
+    """The trainer's and the rollout's process overheads, then the rollout engine's budget beside what the trainer
+    holds at its start, and what the engine keeps allocated during the training phases."""
+    lay, device = sh.layout, cluster.device
+    trainer_oh, rollout_oh = process_overheads(
+        overheads, device, sharded=lay.trainer_gpus > 1, ulysses_sp=knobs.ulysses_sp, split=lay.split
+    )
+    budget = _rollout_budget(
+        model,
+        knobs,
+        device=device,
+        device_bytes=cluster.device_memory_bytes,
+        prec=sh.precision,
+        overheads=overheads,
+        trainer_overheads=trainer_oh,
+        split=lay.split,
+        # the actor's parameters at the engine's start
+        held_bytes=held.states.master_bytes + held.states.frozen_base_bytes,
+        fam=held.fam,
+    )
+    leftovers = rollout_leftovers(budget, executor, lay.split, knobs.rollout_backend)
+    return _RolloutSide(trainer_oh, rollout_oh, budget, leftovers)
+
+
 def memory_context(
     model: ModelSpec,
     cluster: Cluster,
@@ -247,48 +385,15 @@ def memory_context(
     overheads: Overheads,
 ) -> MemoryContext:
     """Derive the shared quantities once (module docstring)."""
-    device = cluster.device
-    prec = precision_for(executor, device)
-    lay = layout_for(cluster.num_nodes, cluster.gpus_per_node, knobs.placement, knobs.split_rollout_gpus_per_node)
-    lengths = lengths_of(workload)
-    device_bytes = cluster.device_memory_bytes
-    # offload is meaningless on the cpu pseudo-device: host RAM is the device
-    p_off = knobs.param_offload and device.offload_meaningful
-    sharded = policy_sharded(
-        trainer_gpus=lay.trainer_gpus,
-        device=device,
-        executor=executor,
-        param_offload=p_off,
-        optimizer_offload=knobs.optimizer_offload and device.offload_meaningful,
+    device, device_bytes = cluster.device, cluster.device_memory_bytes
+    sh = _sharding(cluster, workload, knobs, executor)
+    prec, lay, lengths, sharded, shards, p_off = sh
+    held = _held(model, workload, knobs, executor=executor, device=device, sh=sh)
+    fam, states, autocast, update_tokens, log_prob_tokens = held
+    c, has_ref = prec.compute_bytes, workload.use_kl_loss
+    trainer_oh, rollout_oh, budget, leftovers = _rollout_side(
+        model, cluster, knobs, executor=executor, overheads=overheads, sh=sh, held=held
     )
-    has_ref = workload.use_kl_loss
-    shards = knobs.shard_degree(lay.trainer_gpus)  # FSDP group size (HSDP replicates across groups)
-
-    def tokens_of(k: Knobs) -> tuple[int, int]:
-        return micro_batch_tokens_per_rank(workload, k, executor, lengths=lengths, trainer_gpus=lay.trainer_gpus)
-
-    update_tokens, log_prob_tokens = tokens_of(knobs)
-    fam = family_parts(
-        model,
-        workload,
-        knobs,
-        executor=executor,
-        precision=prec,
-        shards=shards,
-        sharded=sharded,
-        tokens_of=tokens_of,
-        offload_meaningful=device.offload_meaningful,
-    )
-    autocast, c = not sharded and prec.master_bytes != prec.compute_bytes, prec.compute_bytes
-    casts = autocast_cast_params(model, lm_head=not (knobs.fused_logprob and executor.logits_kernel == "ours"))
-    states = actor_states(
-        model, prec, shards=shards, sharded=sharded, has_ref=has_ref, lora=fam.lora, autocast=autocast, casts=casts
-    )
-    trainer_oh, rollout_oh = process_overheads(
-        overheads, device, sharded=lay.trainer_gpus > 1, ulysses_sp=knobs.ulysses_sp, split=lay.split
-    )
-    held = states.master_bytes + states.frozen_base_bytes  # the actor's parameters at the engine's start
-    budget = _rollout_budget(model, knobs, device, device_bytes, prec, overheads, trainer_oh, lay.split, held, fam)
     shared = dict(group_size=workload.n, applies=executor.shares_prompts and not sharded, compute_bytes=c)
     return MemoryContext(
         model=model,
@@ -315,7 +420,7 @@ def memory_context(
         trainer_overheads=trainer_oh,
         rollout_overheads=rollout_oh,
         vllm=budget,
-        rollout_leftovers=rollout_leftovers(budget, executor, lay.split, knobs.rollout_backend),
+        rollout_leftovers=leftovers,
         gathered_layers_bytes=gathered_layers_bytes(model.params_per_layer, prec.compute_bytes, unsharded=not sharded),
         root_gathered_bytes=root_gathered_bytes(
             model.embedding_params, model.lm_head_params, prec.compute_bytes, unsharded=not sharded

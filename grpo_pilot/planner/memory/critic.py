@@ -75,7 +75,13 @@ def critic_state_items(
     """The critic's fp32 shard on one GPU during `phase` (module docstring)."""
     if phase not in CRITIC_PHASES:
         raise ValueError(f"phase must be one of {CRITIC_PHASES}, got {phase!r}")
-    master, grads, adam = actor_state_bytes(num_params, shard_degree, FP32_BYTES, FP32_BYTES, 2 * FP32_BYTES)
+    master, grads, adam = actor_state_bytes(
+        num_params=num_params,
+        shard_degree=shard_degree,
+        master_bytes=FP32_BYTES,
+        grad_bytes=FP32_BYTES,
+        adam_bytes=2 * FP32_BYTES,
+    )
     params_on = not param_offload or phase in ("values", "critic_update")
     return {
         "critic_params": master if params_on else 0,
@@ -88,7 +94,13 @@ def critic_host_bytes(
     num_params: int, shard_degree: int, ranks_on_node: int, *, param_offload: bool, optimizer_offload: bool
 ) -> int:
     """Host RAM of a node's offloaded critic shards."""
-    master, _, adam = actor_state_bytes(num_params, shard_degree, FP32_BYTES, FP32_BYTES, 2 * FP32_BYTES)
+    master, _, adam = actor_state_bytes(
+        num_params=num_params,
+        shard_degree=shard_degree,
+        master_bytes=FP32_BYTES,
+        grad_bytes=FP32_BYTES,
+        adam_bytes=2 * FP32_BYTES,
+    )
     return ranks_on_node * ((master if param_offload else 0) + (adam if optimizer_offload else 0))
 
 
@@ -104,12 +116,12 @@ def value_head_bytes(tokens: int, compute_bytes: int, *, training: bool) -> int:
 def _per_layer_per_token(shape: TransformerShape, c: int) -> int:
     head_dim = shape.qk_norm_dim or 1
     return layer_activation_bytes_per_token(
-        shape.hidden,
-        shape.q_dim,
-        shape.kv_dim,
-        shape.ffn,
-        shape.num_heads,
-        c,
+        hidden=shape.hidden,
+        q_dim=shape.q_dim,
+        kv_dim=shape.kv_dim,
+        intermediate=shape.ffn,
+        num_heads=shape.num_heads,
+        compute_bytes=c,
         qk_norm=shape.qk_norm_dim > 0,
         num_kv_heads=shape.kv_dim // head_dim,
     )
@@ -123,7 +135,9 @@ def critic_values_items(shape: TransformerShape, tokens: int, compute_bytes: int
     return log_prob_peak_items(
         root_gathered=root,
         gathered_layers=gathered_layers_bytes(shape.params_per_layer, c, unsharded=False),
-        layer_forward=forward_activation_bytes(tokens, h, shape.ffn, c, 0, 0),
+        layer_forward=forward_activation_bytes(
+            tokens=tokens, hidden=h, intermediate=shape.ffn, compute_bytes=c, mask_per_layer=0, bool_mask=0
+        ),
         head_side=2 * c * h * tokens,
         logits=value_head_bytes(tokens, c, training=False),
         all_to_all=0,
@@ -153,7 +167,16 @@ def critic_update_items(
         root_gathered=c * (shape.embedding_params + head),
         root_tied=False,
         gathered_layers=gathered_layers_bytes(shape.params_per_layer, c, unsharded=False),
-        saved_activations=saved_activation_bytes(tokens, shape.num_layers, per_layer, 0, 0, h, c, checkpointing),
+        saved_activations=saved_activation_bytes(
+            tokens=tokens,
+            num_layers=shape.num_layers,
+            per_layer_per_token=per_layer,
+            mask_per_layer=0,
+            bool_mask=0,
+            hidden=h,
+            compute_bytes=c,
+            checkpointing=checkpointing,
+        ),
         head_side_activations=head_side_activation_bytes(tokens, h, c),
         prefetched_layer=c * shape.params_per_layer,
         recompute_activations=recompute_activation_bytes(tokens, per_layer, 0, checkpointing),

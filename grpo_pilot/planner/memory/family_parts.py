@@ -56,12 +56,12 @@ class FamilyParts(NamedTuple):
 
 def _layer_bytes(model: ModelSpec, compute_bytes: int, autocast: bool) -> int:
     return layer_activation_bytes_per_token(
-        model.hidden_size,
-        model.q_dim,
-        model.kv_dim,
-        model.intermediate_size,
-        model.num_attention_heads,
-        compute_bytes,
+        hidden=model.hidden_size,
+        q_dim=model.q_dim,
+        kv_dim=model.kv_dim,
+        intermediate=model.intermediate_size,
+        num_heads=model.num_attention_heads,
+        compute_bytes=compute_bytes,
         qk_norm=model.qk_norm,
         num_kv_heads=model.num_kv_heads,
         autocast=autocast,
@@ -101,7 +101,11 @@ def actor_states(
             layer_activation_bytes_per_token=max(0, layer + lora.activation_delta_per_layer_token),
         )
     master, grads, adam = actor_state_bytes(
-        model.num_params, shards, prec.master_bytes, prec.grad_bytes, prec.adam_bytes
+        num_params=model.num_params,
+        shard_degree=shards,
+        master_bytes=prec.master_bytes,
+        grad_bytes=prec.grad_bytes,
+        adam_bytes=prec.adam_bytes,
     )
     cast = autocast_weight_cache_bytes(casts, weight_bytes=prec.master_bytes, compute_bytes=c, sharded=sharded)
     ref_cast = autocast_weight_cache_bytes(casts, weight_bytes=prec.ref_bytes, compute_bytes=c, sharded=sharded)

@@ -62,7 +62,7 @@ def unfused_chunk_tokens(tokens: int, vocab: int) -> int:
     return min(tokens, max(1, UNFUSED_CHUNK_ELEMENTS // max(1, vocab)))
 
 
-def _ours_unfused(tokens: int, vocab: int, c: int, training: bool, entropy: str) -> int:
+def _ours_unfused(*, tokens: int, vocab: int, c: int, training: bool, entropy: str) -> int:
     """Peak bytes of our unfused log-prob (and entropy) path: the largest of its moments (module docstring)."""
     t, k = tokens * vocab, unfused_chunk_tokens(tokens, vocab) * vocab
     forward = c * t + (8 if entropy != "none" else 4) * k
@@ -80,7 +80,7 @@ def _verl_unfused(c: int, training: bool, entropy: str) -> int:
     return c
 
 
-def _trl_bytes(tokens: int, vocab: int, hidden: int, c: int, training: bool) -> int:
+def _trl_bytes(*, tokens: int, vocab: int, hidden: int, c: int, training: bool) -> int:
     tile = c * min(tokens, TRL_TOKEN_TILE) * min(vocab, TRL_VOCAB_TILE)
     stats = TRL_PER_TOKEN_STAT_BYTES * tokens
     if not training:
@@ -108,7 +108,7 @@ def logprob_logits_bytes(
         return 0
     c = compute_bytes
     if kernel == "trl":
-        return _trl_bytes(tokens, vocab, hidden, c, training)
+        return _trl_bytes(tokens=tokens, vocab=vocab, hidden=hidden, c=c, training=training)
     grad_hidden = c * tokens * hidden if training else 0
     if kernel == "verl":
         if not fused:
@@ -118,7 +118,7 @@ def logprob_logits_bytes(
             return chunk * vocab * (c + 5 * FP32) + c * vocab * hidden + grad_hidden
         return chunk * vocab * (c + 3 * FP32)
     if not fused:
-        return _ours_unfused(tokens, vocab, c, training, entropy) + grad_hidden
+        return _ours_unfused(tokens=tokens, vocab=vocab, c=c, training=training, entropy=entropy) + grad_hidden
     chunk = min(tokens, FUSED_LOGPROB_CHUNK_TOKENS)
     forward = 3 * FP32 + (FP32 if entropy != "none" else 0)
     if not training:

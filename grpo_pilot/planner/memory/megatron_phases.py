@@ -178,7 +178,7 @@ def _logits(ctx: MemoryContext, par: MegatronParallel, tokens: int, *, training:
 
 
 def _update_work(
-    ctx: MemoryContext, shape: TransformerShape, par: MegatronParallel, stage: _Stage, tok: MegatronTokens
+    ctx: MemoryContext, shape: TransformerShape, *, par: MegatronParallel, stage: _Stage, tok: MegatronTokens
 ) -> dict[str, int]:
     c = ctx.precision.compute_bytes
     acts = stage_activation_bytes(
@@ -197,7 +197,7 @@ def _update_work(
 
 
 def _log_prob_work(
-    ctx: MemoryContext, shape: TransformerShape, par: MegatronParallel, stage: _Stage, tok: MegatronTokens, ref: bool
+    ctx: MemoryContext, shape: TransformerShape, *, par: MegatronParallel, stage: _Stage, tok: MegatronTokens, ref: bool
 ) -> dict[str, int]:
     c = ctx.precision.compute_bytes
     layer = forward_only_bytes(shape, par, tokens_per_microbatch=tok.log_prob, compute_bytes=c)
@@ -249,7 +249,7 @@ def _log_prob(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int]:
     passes = [
         finish(
             ctx,
-            {**_resident(ctx, s, phase), **_log_prob_work(ctx, p.shape, p.par, s, p.tokens, ref)},
+            {**_resident(ctx, s, phase), **_log_prob_work(ctx, p.shape, par=p.par, stage=s, tok=p.tokens, ref=ref)},
             p.leftovers,
             ctx.trainer_overheads,
         )
@@ -266,7 +266,7 @@ def _update(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int]:
         [
             finish(
                 ctx,
-                {**_resident(ctx, s, "update"), **_update_work(ctx, p.shape, p.par, s, p.tokens)},
+                {**_resident(ctx, s, "update"), **_update_work(ctx, p.shape, par=p.par, stage=s, tok=p.tokens)},
                 p.leftovers,
                 ctx.trainer_overheads,
             )
@@ -296,7 +296,11 @@ def megatron_memory(ctx: MemoryContext, cluster: Cluster, *, finish: Finish) -> 
     p = _parts(ctx)
     m = ctx.model
     kv_per_token = kv_bytes_per_token(
-        m.num_layers, m.num_kv_heads, m.head_dim, ctx.knobs.rollout_tp, ctx.precision.rollout_bytes
+        num_layers=m.num_layers,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        tensor_parallel=ctx.knobs.rollout_tp,
+        kv_bytes=ctx.precision.rollout_bytes,
     )
     tokens = kv_tokens(p.budget.kv_cache_bytes, kv_per_token)
     return MegatronMemory(

@@ -19,7 +19,7 @@ def sharded_bytes(num_params: int, bytes_per_param: int, shard_degree: int) -> i
 
 
 def actor_state_bytes(
-    num_params: int, shard_degree: int, master_bytes: int, grad_bytes: int, adam_bytes: int
+    *, num_params: int, shard_degree: int, master_bytes: int, grad_bytes: int, adam_bytes: int
 ) -> tuple[int, int, int]:
     """(master params, grads, Adam states) bytes of one rank's shard; offload is decided by the caller."""
     shard = shard_elements(num_params, shard_degree)

@@ -26,7 +26,7 @@ def sequences_per_sp_group(num_sequences: int, trainer_gpus: int, ulysses_sp: in
 
 
 def budget_tokens_per_rank(
-    budget_tokens: int, longest_seq_tokens: int, available_tokens: int, ulysses_sp: int, budget_scaled_by_sp: bool
+    *, budget_tokens: int, longest_seq_tokens: int, available_tokens: int, ulysses_sp: int, budget_scaled_by_sp: bool
 ) -> int:
     """Tokens per rank of one micro-batch packed up to a token budget (see module docstring):
     at least one whole (longest) sequence, at most what the rank's share of the batch holds."""
@@ -37,11 +37,15 @@ def budget_tokens_per_rank(
 
 
 def packed_tokens_per_rank(
-    budget_tokens: int, seq_len_tokens: int, available_sequences: int, ulysses_sp: int, budget_scaled_by_sp: bool
+    *, budget_tokens: int, seq_len_tokens: int, available_sequences: int, ulysses_sp: int, budget_scaled_by_sp: bool
 ) -> int:
     """`budget_tokens_per_rank` with every sequence at `seq_len_tokens` (the worst case)."""
     return budget_tokens_per_rank(
-        budget_tokens, seq_len_tokens, available_sequences * seq_len_tokens, ulysses_sp, budget_scaled_by_sp
+        budget_tokens=budget_tokens,
+        longest_seq_tokens=seq_len_tokens,
+        available_tokens=available_sequences * seq_len_tokens,
+        ulysses_sp=ulysses_sp,
+        budget_scaled_by_sp=budget_scaled_by_sp,
     )
 
 

@@ -10,7 +10,9 @@ sequence to heads). Zero when s = 1.
 from __future__ import annotations
 
 
-def all_to_all_buffer_bytes(tokens_per_rank: int, q_dim: int, kv_dim: int, compute_bytes: int, ulysses_sp: int) -> int:
+def all_to_all_buffer_bytes(
+    *, tokens_per_rank: int, q_dim: int, kv_dim: int, compute_bytes: int, ulysses_sp: int
+) -> int:
     """Send + receive buffers of the q/k/v all-to-all of one layer (0 without sequence parallelism)."""
     if ulysses_sp <= 1:
         return 0

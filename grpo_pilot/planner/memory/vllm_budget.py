@@ -54,7 +54,7 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, 
 
 
 def forward_bytes_per_token(
-    hidden: int, q_dim: int, kv_dim: int, intermediate: int, tensor_parallel: int, compute_bytes: int
+    *, hidden: int, q_dim: int, kv_dim: int, intermediate: int, tensor_parallel: int, compute_bytes: int
 ) -> int:
     """Transient activation bytes per token of one vLLM decoder layer on one GPU."""
     t = tensor_parallel
@@ -92,7 +92,12 @@ def vllm_budget(
     budget = int(s.utilization * device_bytes) - preexisting_bytes
     weights = -(-model.num_params // t) * weight_bytes
     per_token = forward_bytes_per_token(
-        model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size, t, weight_bytes
+        hidden=model.hidden_size,
+        q_dim=model.q_dim,
+        kv_dim=model.kv_dim,
+        intermediate=model.intermediate_size,
+        tensor_parallel=t,
+        compute_bytes=weight_bytes,
     )
     sampler_reqs = min(s.max_num_seqs, s.max_num_batched_tokens)
     activations = max(
