@@ -22,7 +22,6 @@ from grpo_pilot.tuner.prior import (
 )
 from grpo_pilot.tuner.space import build_space, knobs_at, params_of
 
-
 # The input plan of the ranking tests: the example's job at micro-batch 16, fused log-probs, no checkpointing (a point
 # below the planner's best, so ranking and seeding have something to move to whatever the example's search chose)
 INPUT_POINT = {"update_batch": "micro:16", "gradient_checkpointing": False, "fused_logprob": True}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import optuna
 import pytest
@@ -11,6 +12,8 @@ from optuna.trial import TrialState
 from tune_helpers import FakeRunner, failed, measured, tiny_plan
 
 from grpo_pilot.errors import InputError, RunError
+from grpo_pilot.planner.adapters import ADAPTER_ITEM_MARKERS as MARKERS
+from grpo_pilot.planner.adapters import adapters_modelled
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.tuner import study as st
 from grpo_pilot.tuner.prior import PRUNE_FACTOR, memory_limit, peak_tensor_bytes, seqs_per_micro_batch
@@ -274,8 +277,19 @@ def test_adapter_sweep_runs_trial_plans_with_their_rank_and_targets(tmp_path, ev
     best = max(records, key=lambda r: r.measured_tokens_per_s)
     assert best_plan(plan, best).workload.adapter.rank == 8
     assert best_plan(plan, best).workload.adapter.target_modules == ("q_proj", "v_proj")
+    # the plan models the adapters (frozen base, adapter-only grads and AdamW): its trials calibrate the estimator
+    assert adapters_modelled(plan)
     outputs = write_outputs(tmp_path / "report", plan, records)
-    assert outputs.calibration_json is None  # full-fine-tune predictions are no base for calibrating LoRA runs
+    assert outputs.calibration_json is not None and Path(outputs.calibration_json).is_file()
+    # a plan made before grpo-plan modelled adapters predicts full fine-tuning: no base for calibrating LoRA runs
+    full_ft = {
+        ph: p.model_copy(update={"items": {k: v for k, v in p.items.items() if not any(m in k for m in MARKERS)}})
+        for ph, p in plan.phases.items()
+    }
+    old = plan.model_copy(update={"phases": full_ft})
+    assert not adapters_modelled(old)
+    outputs = write_outputs(tmp_path / "report-old", old, records)
+    assert outputs.calibration_json is None
     assert any("adapters" in n for n in outputs.notes)
 
 
