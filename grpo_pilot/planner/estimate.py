@@ -194,21 +194,8 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
             prompt_tokens=w.prompt_len_tokens,
             response_tokens=w.response_len_tokens,
             # the fp32 policy under autocast keeps a float32 cache (memory/hf_generate.py)
-            kv_bytes_per_token=kv_bytes_per_token(
-                num_layers=m.num_layers,
-                num_kv_heads=m.num_kv_heads,
-                head_dim=m.head_dim,
-                tensor_parallel=1,
-                kv_bytes=FP32_BYTES if ctx.autocast else c,
-            ),
-            prefill_bytes_per_token=forward_bytes_per_token(
-                hidden=m.hidden_size,
-                q_dim=m.q_dim,
-                kv_dim=m.kv_dim,
-                intermediate=m.intermediate_size,
-                tensor_parallel=1,
-                compute_bytes=c,
-            ),
+            kv_bytes_per_token=_unsharded_kv_bytes_per_token(m, FP32_BYTES if ctx.autocast else c),
+            prefill_bytes_per_token=_unsharded_forward_bytes_per_token(m, c),
             vocab=m.vocab_size,
             compute_bytes=c,
             head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
@@ -258,35 +245,35 @@ def _static_decode(ctx: MemoryContext, batch: int) -> StaticDecode | None:
         prompt_seqs=groups_spanned(batch, w.n),
         prompt_tokens=w.prompt_len_tokens,
         response_tokens=w.response_len_tokens,
-        kv_bytes_per_token=kv_bytes_per_token(
-            num_layers=m.num_layers,
-            num_kv_heads=m.num_kv_heads,
-            head_dim=m.head_dim,
-            tensor_parallel=1,
-            kv_bytes=step_bytes,
-        ),
+        kv_bytes_per_token=_unsharded_kv_bytes_per_token(m, step_bytes),
         # the prefill runs the module itself: the fp32 policy under autocast keeps a float32 cache, as eager
-        prefill_kv_bytes_per_token=kv_bytes_per_token(
-            num_layers=m.num_layers,
-            num_kv_heads=m.num_kv_heads,
-            head_dim=m.head_dim,
-            tensor_parallel=1,
-            kv_bytes=FP32_BYTES if ctx.autocast else c,
-        ),
+        prefill_kv_bytes_per_token=_unsharded_kv_bytes_per_token(m, FP32_BYTES if ctx.autocast else c),
         layers=m.num_layers,
-        prefill_bytes_per_token=forward_bytes_per_token(
-            hidden=m.hidden_size,
-            q_dim=m.q_dim,
-            kv_dim=m.kv_dim,
-            intermediate=m.intermediate_size,
-            tensor_parallel=1,
-            compute_bytes=c,
-        ),
+        prefill_bytes_per_token=_unsharded_forward_bytes_per_token(m, c),
         vocab=m.vocab_size,
         compute_bytes=step_bytes,
         head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
         weight_copy_bytes=step_bytes * m.num_params if ctx.precision.master_bytes != step_bytes else 0,
         graphs=mode == "cuda_graph",
+    )
+
+
+def _unsharded_kv_bytes_per_token(m: ModelSpec, kv_bytes: int) -> int:
+    """K/V bytes per token of the hf rollout's cache (one process holds every head: no tensor parallelism)."""
+    return kv_bytes_per_token(
+        num_layers=m.num_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, tensor_parallel=1, kv_bytes=kv_bytes
+    )
+
+
+def _unsharded_forward_bytes_per_token(m: ModelSpec, compute_bytes: int) -> int:
+    """A prefill's working bytes per token on one unsharded module (memory/vllm.py's formula)."""
+    return forward_bytes_per_token(
+        hidden=m.hidden_size,
+        q_dim=m.q_dim,
+        kv_dim=m.kv_dim,
+        intermediate=m.intermediate_size,
+        tensor_parallel=1,
+        compute_bytes=compute_bytes,
     )
 
 
