@@ -5,7 +5,8 @@ Qwen2.5 0.5B, 1.5B and 3B shapes, random weights, HF rollout, 3 steps each (its 
 method). `compare(case)` re-plans each run with the planner of this checkout — the run's own plan command,
 every knob pinned as measured, the lengths the run really had (prompts of exactly prompt_len − 2 tokens,
 responses always at response_len: a random model never stops) and the allocator behaviour the runs had
-(default caching allocator, no cache release between phases) — and returns measured beside predicted:
+(`MEASURED_ALLOCATOR`: PyTorch's default caching allocator, the cache emptied once per step, after the
+rollout) — and returns measured beside predicted:
 
 - tensor bytes per phase: `torch.cuda.max_memory_allocated` after a reset at the phase start, against the
   phase's tensor items (the plan's items without `overhead_*`);
@@ -27,8 +28,10 @@ from grpo_pilot.planner.plan import Plan
 from grpo_pilot.tuner.measured_runs import load_measurements, measured_inputs, median_phase_s
 
 FILE = Path(__file__).resolve().parent / "h200-2026-11-26.json"
-# the allocator behaviour of the measured runs (the file's `about`: no cache release, default allocator)
-MEASURED_ALLOCATOR = {"allocator": "caching", "release_cache": False}
+# the allocator behaviour of the measured runs: PyTorch's default allocator (no PYTORCH_CUDA_ALLOC_CONF, no setting in
+# the engine at 34e4d2d) and one cache release per step, after the rollout (HFRollout.sleep called
+# torch.cuda.empty_cache(): grpo_pilot/engine/rollout/hf.py@34e4d2d lines 171-174, engine/loop.py collect_batch)
+MEASURED_ALLOCATOR = {"allocator": "default", "release_cache": "after_rollout"}
 
 
 def load() -> dict[str, Any]:
