@@ -31,16 +31,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from grpo_pilot.engine.device_memory import RELEASE_POINTS
 from grpo_pilot.tuner.measured_runs import _flags, load_measurements, measured_inputs
 from grpo_pilot.verify.allocator_sim import replay
 
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # Hopper's default cuBLAS workspace per handle (notes/mechanisms.md §5.5)
-RELEASE_POINTS = {  # engine/device_memory.py
-    "verl": ("before_weight_sync", "after_weight_sync", "after_rollout"),
-    "each_phase": ("before_weight_sync", "after_weight_sync", "after_rollout", "after_log_prob"),
-    "after_rollout": ("after_rollout",),
-    "never": (),
-}
 KL_COEF = 0.001  # the run config's default with the plan's use_kl_loss (engine/run_config.py kl_coef)
 
 
@@ -48,8 +43,8 @@ def _rollout(model: Any, prompts: list[list[int]], new_tokens: int) -> None:
     """HFRollout.generate's one decode_batch over every row (engine/rollout/hf.py `_generation_mode`)."""
     import torch
 
-    from grpo_pilot.verify.rollout_trace import _decode
     from grpo_pilot.engine.rollout.decode import decode_batch
+    from grpo_pilot.verify.rollout_trace import _decode
 
     was_training = model.training
     model.eval()
@@ -81,7 +76,9 @@ def record_case(case: dict[str, Any], steps: int, rollout: bool = True) -> list[
     loss = LossSettings(kl_coef=KL_COEF if kl else 0.0)
     prompt = w.prompt_len_tokens - 2  # the measured runs' prompts (measured_runs.measured_inputs)
     count = w.prompts_per_step * w.n
-    mini = [list(range(i, min(i + w.mini_batch_prompts * w.n, count))) for i in range(0, count, w.mini_batch_prompts * w.n)]
+    mini = [
+        list(range(i, min(i + w.mini_batch_prompts * w.n, count))) for i in range(0, count, w.mini_batch_prompts * w.n)
+    ]
     off_policy = len(mini) * w.ppo_epochs > 1
     log = AllocationLog(cublas_workspace_bytes=CUBLAS_WORKSPACE_BYTES)
     with warnings.catch_warnings(), gpu_attention_masks(), host_sync_fake_mode(), cuda_autocast_policy():

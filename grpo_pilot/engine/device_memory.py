@@ -50,6 +50,7 @@ from typing import Any
 from pydantic import Field
 
 from grpo_pilot.models import Frozen
+
 ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"  # read first by c10 CUDAAllocatorConfig::instance (PYTORCH_ALLOC_CONF after it)
 EXPANDABLE = "expandable_segments"
 RELEASE_POINTS: dict[str, tuple[str, ...]] = {

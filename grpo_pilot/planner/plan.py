@@ -166,7 +166,9 @@ class Plan(Frozen):
     @model_validator(mode="after")
     def _execution(self) -> "Plan":
         if self.peak_tensor_bytes is None:  # an older plan file
-            object.__setattr__(self, "peak_tensor_bytes", max((p.tensor_bytes for p in self.phases.values()), default=0))
+            object.__setattr__(
+                self, "peak_tensor_bytes", max((p.tensor_bytes for p in self.phases.values()), default=0)
+            )
         if self.execution is None:  # an older plan file: derive it (analytic constants)
             facts = execution_of(
                 self.model.spec,

@@ -1,6 +1,7 @@
 """A replay of PyTorch's CUDA caching allocator: what it reserves for a recorded sequence of allocations.
 
-Pure Python, no torch: `replay(events, expandable=...)` runs the allocator's rules over a sequence of
+Pure Python, no torch (the constants come from planner/memory/allocator.py): `replay(events, expandable=...)`
+runs the allocator's rules over a sequence of
 allocations, frees, cache releases and phase marks (recorded on CPU by `verify/alloc_record.py` from the
 engine's own step on fake tensors, or written by hand in tests) and returns, per phase and overall, the
 peak of the bytes handed out (`torch.cuda.max_memory_allocated`) and of the bytes held from the driver
@@ -37,26 +38,20 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
-MIN_BLOCK_BYTES = 512  # kMinBlockSize
-SMALL_SIZE_BYTES = 1 << 20  # kSmallSize: largest small-pool request
-SMALL_BUFFER_BYTES = 2 << 20  # kSmallBuffer: small-pool segment / expandable page
-MIN_LARGE_ALLOC_BYTES = 10 << 20  # kMinLargeAlloc: below it a large request gets a 20 MiB segment
-LARGE_BUFFER_BYTES = 20 << 20  # kLargeBuffer: that segment, and the large pool's expandable page
-ROUND_LARGE_BYTES = 2 << 20  # kRoundLarge: larger requests get their own segment rounded to 2 MiB
+# the allocator's size constants and `get_allocation_size` have one home, the planner's reserve model
+from grpo_pilot.planner.memory.allocator import (
+    LARGE_BUFFER_BYTES,
+    MIN_BLOCK_BYTES,
+    ROUND_LARGE_BYTES,
+    SMALL_BUFFER_BYTES,
+    SMALL_SIZE_BYTES,
+    segment_bytes,
+)
 
 
 def round_size(nbytes: int) -> int:
     """`round_size`: up to a multiple of 512 B (at least 512)."""
     return max(MIN_BLOCK_BYTES, -(-nbytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES)
-
-
-def segment_bytes(size: int) -> int:
-    """`get_allocation_size`: the cudaMalloc a rounded request needs when no cached block fits."""
-    if size <= SMALL_SIZE_BYTES:
-        return SMALL_BUFFER_BYTES
-    if size < MIN_LARGE_ALLOC_BYTES:
-        return LARGE_BUFFER_BYTES
-    return -(-size // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
 
 
 class OutOfMemory(Exception):
