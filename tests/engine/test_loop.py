@@ -299,3 +299,18 @@ def test_notes_name_the_bf16_rollout_copy_and_the_fused_adamw():
     (note,) = [n for n in run_notes(at_step, **kw, fused_adamw_on_gpu=True) if n.startswith("update: AdamW")]
     assert "1.00 GiB" in note
     assert not any(n.startswith("update: AdamW") for n in run_notes(at_step, **kw, fused_adamw_on_gpu=False))
+
+
+def test_allocator_settings_come_from_the_plan_unless_the_run_config_sets_them(tmp_path):
+    """The plan's `allocator` / `release_cache` knobs run when the run config leaves them unset (None); the run
+    config's keys override them. profile.json records what ran (no-ops on CPU)."""
+    plan = tiny_plan()
+    plan = plan.model_copy(
+        update={"knobs": plan.knobs.model_copy(update={"allocator": "default", "release_cache": "never"})}
+    )
+    run(plan, config(tmp_path, steps=1))
+    ran = json.loads((tmp_path / "run" / "profile.json").read_text())["allocator"]
+    assert (ran["setting"], ran["release_cache"]) == ("default", "never")
+    run(plan, config(tmp_path, steps=1, output_dir=str(tmp_path / "b"), release_cache="each_phase"))
+    ran = json.loads((tmp_path / "b" / "profile.json").read_text())["allocator"]
+    assert (ran["setting"], ran["release_cache"]) == ("default", "each_phase")

@@ -24,6 +24,8 @@ constants moved to c10/core/AllocatorConfig.h):
   are mapped on demand; a free block followed by unmapped room counts as that large (`get_free_block`'s
   `expandable_size`), so a carved block grows instead of being stranded, and freed neighbours merge across
   what were separate segments. What stays beyond the live tensors is the partly used last page of each pool.
+- either way, the reserve only shrinks at a release: a phase that follows a larger one without a release in
+  between still holds that one's segments (reserved bytes are a high-water mark between releases).
 
 `release_cache` says after which phases the cache is emptied (engine/device_memory.py puts the same
 policies into effect in grpo-run): `verl` after the update (before the weight sync), after the weight sync
@@ -122,14 +124,21 @@ def reserve_bytes(
         size = largest_blocks.get(phase, 0)
         return stranded_bytes(allocator, size) if 0 < size <= transients[phase] else 0
 
-    out = {}
+    own = {}
     for phase in present:
         if allocator == "expandable":  # the partly used last page of each pool
-            out[phase] = LARGE_BUFFER_BYTES + SMALL_BUFFER_BYTES
+            own[phase] = LARGE_BUFFER_BYTES + SMALL_BUFFER_BYTES
             continue
         inherited = max((block(p) for p in since_last_release(phase, present, release_cache)), default=0)
-        out[phase] = block(phase) + inherited
-    return out
+        own[phase] = block(phase) + inherited
+    # the reserve never shrinks between releases: a phase after a larger one still holds that one's segments
+    return {
+        phase: max(
+            [own[phase]]
+            + [transients[p] + own[p] - transients[phase] for p in since_last_release(phase, present, release_cache)]
+        )
+        for phase in present
+    }
 
 
 def with_reserve(
