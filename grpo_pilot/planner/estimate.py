@@ -108,11 +108,14 @@ def largest_blocks(ctx: MemoryContext) -> dict[str, int]:
     """Each phase's largest repeated transient block (memory/allocator.py): the logits of one micro-batch
     in the log-prob passes and the update; the rollout, weight sync and critic phases allocate blocks of the
     same sizes at every repetition (buckets, gathered layers, the engine's pool), modelled as none."""
-    m, kernel, fused = ctx.model, ctx.executor.logits_kernel, ctx.knobs.fused_logprob
+    k, kernel = ctx.knobs, ctx.executor.logits_kernel
     c = FP32_BYTES if _fp32_head(ctx) else ctx.precision.compute_bytes
+    megatron = k.strategy == "megatron"  # vocab-parallel logits over TP, tokens split over CP
+    vocab = -(-ctx.model.vocab_size // k.megatron_tp) if megatron else ctx.model.vocab_size
 
     def block(tokens: int) -> int:
-        return logits_block_bytes(_scored(ctx, tokens), m.vocab_size, c, kernel=kernel, fused=fused)
+        scored = -(-_scored(ctx, tokens) // k.megatron_cp) if megatron else _scored(ctx, tokens)
+        return logits_block_bytes(scored, vocab, c, kernel=kernel, fused=k.fused_logprob)
 
     return {"log_prob": block(ctx.log_prob_tokens), "update": block(ctx.update_tokens)}
 
