@@ -15,7 +15,8 @@ allocated and freed, in order, with the phase marks and the places where the eng
 the engine (engine/device_memory.py): `default` or `expandable`, releasing at `after_rollout` (the
 measured runs), `verl` (before and after the weight sync, after the rollout) or `never`. The output holds,
 per case and setting, the replayed peaks of allocated and reserved bytes, overall and per phase, beside
-the measured ones. The planner's reserve terms (planner/memory/allocator.py) cite these numbers.
+the measured ones: the check on the planner's reserve model (planner/memory/allocator.py; the last output is
+benchmarks/allocator_replay_h200.json, compared in docs/validation.md "Device footprint").
 
 Needs torch and transformers (CPU); minutes per case on two cores (the decode loop dominates).
 """
