@@ -175,7 +175,11 @@ def _memory_table(plan: Plan) -> Table:
         if any(cells):
             mem.add_row(name, *[_in(v, unit) if v else "" for v in cells])
     mem.add_section()
-    mem.add_row("[bold]total[/bold]", *[f"[bold]{_in(plan.phases[ph].total_bytes, unit)}[/bold]" for ph in shown])
+    mem.add_row("tensors (max_memory_allocated)", *[_in(plan.phases[ph].tensor_bytes, unit) for ph in shown])
+    mem.add_row(
+        "[bold]total (device, nvidia-smi)[/bold]",
+        *[f"[bold]{_in(plan.phases[ph].total_bytes, unit)}[/bold]" for ph in shown],
+    )
     if plan.memory_quantile and plan.worst_case_phases:
         mem.add_row("worst case (all at max)", *[_in(plan.worst_case_phases.get(ph, 0), unit) for ph in shown])
     mem.add_row("usable", *[_in(plan.usable_gpu_bytes, unit)] * len(shown))

@@ -312,8 +312,8 @@ def build_engine(
         threads=worker_threads(cfg, topology, device),
         cpu_memory=cfg.cpu_memory,
         memory_cap_bytes=cfg.memory_cap_bytes,
-        allocator=cfg.allocator,
-        release_cache=cfg.release_cache,
+        allocator=cfg.allocator or k.allocator,
+        release_cache=cfg.release_cache or k.release_cache,
         actor=actor_settings(plan, cfg, loss),
         rollout=RolloutSettings(
             backend=backend,

@@ -27,6 +27,10 @@ unused blocks to the driver, so the next phase starts from the live tensors alon
   starts with `aggressive_empty_cache` (after the update, before the weights go to the rollout engine) and
   calls it again after `update_weights`; `generate_sequences` ends with `empty_cache()` ("clear kv cache")
   — here: before and after the weight sync, and after the rollout;
+- "each_phase": those three and after every log-prob pass — verl before 51a5ff99 (#556, 2025-03-12), whose
+  worker methods each ended with `torch.cuda.empty_cache()` (fsdp_workers.py@v0.2: update_actor,
+  generate_sequences, compute_log_prob, compute_ref_log_prob; the release after the update is the next
+  step's "before_weight_sync");
 - "after_rollout": only after the rollout (what the hf backend's `sleep` did before this setting existed,
   so the measured H200 runs);
 - "never".
@@ -41,18 +45,17 @@ allocator barely moves, so this is the phase's peak of what nvidia-smi shows, wi
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
 from grpo_pilot.models import Frozen
 
-AllocatorSetting = Literal["expandable", "default"]
-ReleasePolicy = Literal["verl", "after_rollout", "never"]
 ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"  # read first by c10 CUDAAllocatorConfig::instance (PYTORCH_ALLOC_CONF after it)
 EXPANDABLE = "expandable_segments"
 RELEASE_POINTS: dict[str, tuple[str, ...]] = {
     "verl": ("before_weight_sync", "after_weight_sync", "after_rollout"),
+    "each_phase": ("before_weight_sync", "after_weight_sync", "after_rollout", "after_log_prob"),
     "after_rollout": ("after_rollout",),
     "never": (),
 }
@@ -65,7 +68,7 @@ class AllocatorReport(Frozen):
     alloc_conf: str | None = Field(
         description="PYTORCH_CUDA_ALLOC_CONF in effect in the workers (None: unset, PyTorch's defaults)."
     )
-    release_cache: str = Field(description="Run config `release_cache`: verl | after_rollout | never.")
+    release_cache: str = Field(description="Run config `release_cache`: verl | each_phase | after_rollout | never.")
     release_points: tuple[str, ...] = Field(description="Where torch.cuda.empty_cache() ran.")
     applies: str = Field(description="'cuda', or why the settings did nothing (CPU runs).")
 

@@ -459,9 +459,9 @@ def _finish(
     adapter_params, adapter_bytes = max(i.adapter_params for i in infos), max(i.adapter_bytes for i in infos)
     notes += adapter_notes(plan, adapter_params=adapter_params, adapter_bytes=adapter_bytes)
     ranks = tuple(rank_profile(i.label, i.device, [r.worker_phases[i.index] for r in done]) for i in infos)
-    cfg = eng.config
+    setup = eng.group.setup  # the settings that ran: the run config's, else the plan's knobs
     allocator = allocator_report(
-        cfg.allocator, cfg.release_cache, device_type=infos[0].device.split(":")[0], conf=infos[0].alloc_conf
+        setup.allocator, setup.release_cache, device_type=infos[0].device.split(":")[0], conf=infos[0].alloc_conf
     )
     lengths = [r.record["response_len_mean"] for r in done if r.record["response_len_mean"] is not None]
     profile = build_profile(

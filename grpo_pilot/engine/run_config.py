@@ -28,6 +28,7 @@ from grpo_pilot.engine.data.callables import DEFAULT_USER_CODE_TIMEOUT_S
 from grpo_pilot.errors import InputError
 from grpo_pilot.inputs import JsonProblem, decode_text, parse_json, read_input_bytes
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.config import AllocatorSetting, ReleasePolicy
 
 # Upper bounds on settings that would otherwise pass as positive numbers and then wreck the run or the
 # process: AdamW learning rates are ~1e-7..1e-3 (verl 1e-6; the tiny CPU example 2e-3), so above 1 every
@@ -217,15 +218,15 @@ class RunConfig(Frozen):
         default="tensors",
         description="CPU peak memory per phase: live tensor bytes (dispatch tracker) or process RSS only.",
     )
-    allocator: Literal["expandable", "default"] = Field(
-        default="expandable",
+    allocator: AllocatorSetting | None = Field(
+        default=None,
         description="CUDA caching allocator: expandable (expandable_segments:True) or default (the environment's "
-        "PYTORCH_CUDA_ALLOC_CONF as it is); no-op on CPU. engine/device_memory.py.",
+        "PYTORCH_CUDA_ALLOC_CONF as it is); None = the plan's knob; no-op on CPU. engine/device_memory.py.",
     )
-    release_cache: Literal["verl", "after_rollout", "never"] = Field(
-        default="verl",
+    release_cache: ReleasePolicy | None = Field(
+        default=None,
         description="Where torch.cuda.empty_cache() runs: verl (before and after the weight sync, after the rollout), "
-        "after_rollout, or never; no-op on CPU.",
+        "each_phase (also after every log-prob pass), after_rollout, or never; None = the plan's knob; no-op on CPU.",
     )
     memory_cap_bytes: int | None = Field(
         default=None,

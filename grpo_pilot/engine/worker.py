@@ -41,6 +41,7 @@ from grpo_pilot.engine.topology import Topology, WorkerSpec
 from grpo_pilot.engine.weight_sync import buckets, from_object_store, policy_weights, stream, to_host
 from grpo_pilot.errors import GrpoPilotError, InputError
 from grpo_pilot.models import Frozen
+from grpo_pilot.planner.config import AllocatorSetting, ReleasePolicy
 
 
 class RolloutSettings(Frozen):
@@ -73,8 +74,8 @@ class WorkerSetup(Frozen):
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads of the worker.")
     cpu_memory: Literal["tensors", "rss"] = "tensors"
     memory_cap_bytes: int | None = Field(default=None, ge=1)
-    allocator: Literal["expandable", "default"] = "expandable"
-    release_cache: Literal["verl", "after_rollout", "never"] = "verl"
+    allocator: AllocatorSetting = "expandable"
+    release_cache: ReleasePolicy = "verl"
     actor: ActorSettings
     rollout: RolloutSettings
     topology: Topology
@@ -340,7 +341,9 @@ class Worker:
 
     def log_probs(self, samples: list[Any], ref: bool = False) -> list[Any]:
         with self._phase("log_prob"):
-            return self.actor.log_probs(samples, ref=ref)
+            out = self.actor.log_probs(samples, ref=ref)
+            self._release("after_log_prob")
+            return out
 
     def update(
         self, samples: list[Any], advantages: Any, loss: Any, options: dict[str, Any] | None = None

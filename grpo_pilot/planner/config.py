@@ -29,6 +29,10 @@ GenerationWeights = Literal["layer", "model"]
 HfDecode = Literal["auto", "eager", "static", "cuda_graph"]  # grpo_pilot/kernels.py HF_DECODE_MODES
 VllmEngine = Literal["v1", "v0"]
 VllmMemory = Literal["instance", "device"]
+# The CUDA caching allocator's setting and where the executor empties its cache (planner/memory/allocator.py
+# models both; engine/device_memory.py puts them into effect in grpo-run).
+AllocatorSetting = Literal["expandable", "default"]
+ReleasePolicy = Literal["verl", "each_phase", "after_rollout", "never"]
 
 # Sanity bounds of a job (a larger value is a typo or a hostile input, and its arithmetic leaves float range):
 # 16× the 1M-token context of the longest-context bundled family (Qwen2.5-1M), and batches far beyond any
@@ -279,6 +283,19 @@ class Knobs(Frozen):
         description="What gpu_memory_utilization × device memory bounds: 'instance' (vLLM >= 0.9: the engine's own "
         "memory, measured from its start) or 'device' (vLLM <= 0.8, V0 and V1 alike: everything on the GPU when the "
         "engine profiles, the trainer's resident memory included, so the KV cache gets what is left).",
+    )
+    allocator: AllocatorSetting = Field(
+        default="expandable",
+        description="PyTorch's CUDA caching allocator in the trainer: 'expandable' (expandable_segments:True: one "
+        "growing mapping, verl >= e6843cc8 (#3020) in training, grpo-run's default) or 'default' (fixed cudaMalloc "
+        "segments: older verl, TRL and Axolotl unless PYTORCH_CUDA_ALLOC_CONF sets expandable_segments).",
+    )
+    release_cache: ReleasePolicy = Field(
+        default="verl",
+        description="Where torch.cuda.empty_cache() returns the cached blocks: 'verl' (before and after the weight "
+        "sync and after the rollout: verl since 3fc3e2b7 (#575), grpo-run's default), 'each_phase' (also after "
+        "every log-prob pass and update: verl before 51a5ff99 (#556)), 'after_rollout', or 'never' (TRL without "
+        "vLLM sleep mode).",
     )
     placement: Placement = Field(
         default="colocated", description="'colocated' (hybrid engine) or 'split' (separate rollout GPUs)."

@@ -24,8 +24,9 @@ then one function per phase reads it (reference/memory-model.md is the spec; eac
 4. each phase's working set at its peak moment (memory/moments.py: the update peaks at the logits,
    inside the last layer's backward, at the root's reduce-scatter or in the optimizer step; a
    forward-only pass inside a layer or at the logits) — transients of different moments never add;
-5. overheads (CUDA context, cuBLAS workspace, NCCL communicators) and allocator fragmentation on the
-   allocations that fragment (`FRAGMENTING_ITEMS`); on the cpu pseudo-device only the process RSS
+5. overheads (CUDA context, cuBLAS workspace, NCCL communicators) and what the caching allocator holds
+   beyond the live tensors at each phase's peak, from its rules, the `allocator` setting and the
+   `release_cache` policy (memory/allocator.py); on the cpu pseudo-device only the process RSS
    (`DeviceTraits.caching_allocator`).
 
 Split placement reports, per phase, the GPU that peaks: the rollout pool's GPU for rollout, a training
@@ -53,6 +54,7 @@ from grpo_pilot.planner.memory.activations import (
     recompute_activation_bytes,
     saved_activation_bytes,
 )
+from grpo_pilot.planner.memory.allocator import with_reserve
 from grpo_pilot.planner.memory.autocast import (
     head_weight_cast,
     tied_embedding_grad_bytes,
@@ -80,7 +82,7 @@ from grpo_pilot.planner.memory.fsdp import (
 from grpo_pilot.planner.memory.hf_generate import StaticDecode, hf_generate_memory, static_decode_memory
 from grpo_pilot.planner.memory.host import HostOffloads, HostShards, host_items
 from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_per_token, kv_tokens
-from grpo_pilot.planner.memory.logits import logprob_logits_bytes
+from grpo_pilot.planner.memory.logits import logits_block_bytes, logprob_logits_bytes
 from grpo_pilot.planner.memory.megatron_phases import megatron_engine_budget, megatron_memory
 from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
 from grpo_pilot.planner.memory.optimizer import adam_step_temporary_bytes
@@ -96,38 +98,27 @@ from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
 from grpo_pilot.units import BF16_BYTES, FP32_BYTES
 
-# Items whose allocation sizes change from one micro-batch (or tensor) to the next: the only ones the
-# caching allocator fragments. Blocks of a repeated size are reused exactly (the persistent states —
-# sharded params, grads, Adam, reference — and the same-sized gathered layers, fixed buckets and the
-# rollout engine's pool); token-count-dependent activations, logits and temporaries are not
-# (PyTorch CUDA semantics, "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF": fragmentation comes
-# from allocation sizes that change between iterations, e.g. varying sequence lengths).
-FRAGMENTING_ITEMS: frozenset[str] = frozenset(
-    {
-        "activations",
-        "recompute_activations",
-        "logits",
-        "layer_backward_temporaries",
-        "ulysses_all_to_all",
-        "hf_kv_cache",
-        "hf_prefill_activations",
-        "hf_sampling_logits",
-        "largest_gathered_tensor",
-        "sp_all_gather",
-        "lora_transients",
-        "lora_sync_gathered",
-        "megatron_weight_export",
-    }
-)
-
 
 def finish(ctx: MemoryContext, tensors: dict[str, int], engine: dict[str, int], overheads: dict[str, int]):
-    """Merge tensor items, rollout-engine items and overheads; fragmentation on `FRAGMENTING_ITEMS`."""
-    items = {**tensors, **engine, **overheads}
-    if ctx.device.caching_allocator:
-        varying = sum(v for k, v in tensors.items() if k in FRAGMENTING_ITEMS)
-        items["overhead_fragmentation"] = int((ctx.overheads.fragmentation_factor - 1.0) * varying)
-    return items
+    """Merge tensor items, rollout-engine items and overheads (the allocator's reserve is added across
+    phases: `memory/allocator.py`, `estimate_memory`)."""
+    return {**tensors, **engine, **overheads}
+
+
+def largest_blocks(ctx: MemoryContext) -> dict[str, int]:
+    """Each phase's largest repeated transient block (memory/allocator.py): the logits of one micro-batch
+    in the log-prob passes and the update; the rollout, weight sync and critic phases allocate blocks of the
+    same sizes at every repetition (buckets, gathered layers, the engine's pool), modelled as none."""
+    k, kernel = ctx.knobs, ctx.executor.logits_kernel
+    c = FP32_BYTES if _fp32_head(ctx) else ctx.precision.compute_bytes
+    megatron = k.strategy == "megatron"  # vocab-parallel logits over TP, tokens split over CP
+    vocab = -(-ctx.model.vocab_size // k.megatron_tp) if megatron else ctx.model.vocab_size
+
+    def block(tokens: int) -> int:
+        scored = -(-_scored(ctx, tokens) // k.megatron_cp) if megatron else _scored(ctx, tokens)
+        return logits_block_bytes(scored, vocab, c, kernel=kernel, fused=k.fused_logprob)
+
+    return {"log_prob": block(ctx.log_prob_tokens), "update": block(ctx.update_tokens)}
 
 
 def resident(ctx: MemoryContext, phase: str, ref_pass: bool = False) -> dict[str, int]:
@@ -533,6 +524,11 @@ def estimate_memory(
             "weight_sync": weight_sync_memory(ctx),
         }
         host = host_memory(ctx, cluster)
+    if ctx.device.caching_allocator:
+        k = ctx.knobs
+        phases = with_reserve(
+            phases, allocator=k.allocator, release_cache=k.release_cache, largest_blocks=largest_blocks(ctx)
+        )
     return MemoryReport.model_construct(  # the search's inner loop: computed values, no validation pass
         phases={phase: PhaseMemory.of(items) for phase, items in phases.items()},
         host=PhaseMemory.of(host),

@@ -300,6 +300,12 @@ def _trl_knobs(cfg: Mapping[str, Any], get: Any, micro: int, notes: list[str]) -
         "ulysses_sp": 1,
         "fused_logprob": False,
         "enforce_eager": False,
+        # PyTorch's default caching allocator: neither TRL nor Axolotl sets PYTORCH_CUDA_ALLOC_CONF (the launch's
+        # environment, which the config does not carry: --pin allocator=expandable when it sets the segments), and
+        # GRPOTrainer never empties the cache (trl@f2cd577: only the colocated vLLM's sleep mode does, before its
+        # wake-ups, trl/generation/vllm_generation.py)
+        "allocator": "default",
+        "release_cache": "never",
     }
 
 

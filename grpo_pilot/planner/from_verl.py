@@ -50,6 +50,8 @@ LAUNCH_ENTRY_POINTS = ("main_ppo", "main_dapo")
 # Hydra override grammar: key=value, +key=value (add), ++key=value (force), ~key or ~key=value (delete)
 _OVERRIDE = re.compile(r"^(\+{0,2}|~)([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+)(?:=(.*))?$", re.S)
 MODEL_CONFIG_PREFIX = ARR + "model.override_config."
+ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"  # c10 CUDAAllocatorConfig reads it at the first CUDA allocation
+EXPANDABLE_SEGMENTS_TRUE = re.compile(r"(^|,)\s*expandable_segments\s*:\s*true\s*(,|$)", re.I)
 VERSION_WORD = "VERL_VERSION"  # an --override word that pins the verl release (verl_versions.parse_pin)
 
 
@@ -334,7 +336,7 @@ def verl_launch(
     megatron = str(v.get(ARR + "actor.strategy")) == "megatron"
     divisor = megatron_data_parallel_divisor(v) if megatron else None
     batches = micro_batches(_batch_settings(v, nnodes * per_node, divisor), win, notes)
-    knobs = _knobs(v, env, batches, notes)
+    knobs = {**_knobs(v, env, batches, notes), **allocator_knobs(env, win, notes)}
     knobs.update(_family_knobs(v, megatron, adapter is not None, notes))
     workload = {
         "prompts_per_step": batches.prompts_per_step,
@@ -486,6 +488,32 @@ def _knobs(v: _Values, env: Mapping[str, str], batches: Any, notes: list[str]) -
         "placement": "colocated",
         "split_rollout_gpus_per_node": 0,
     }
+
+
+def allocator_knobs(env: Mapping[str, str], win: VerlWindow, notes: list[str]) -> dict[str, Any]:
+    """The trainer's allocator setting and cache releases of the launch's verl (`verl_versions.CHANGES`):
+    expandable segments since #3020 (or where PYTORCH_CUDA_ALLOC_CONF sets them), a release after every worker
+    method before #556; where the window straddles a change, today's behaviour with a note."""
+    out = {"allocator": "expandable", "release_cache": "verl"}
+    conf = str(env.get(ALLOC_CONF_VAR, ""))
+    env_expandable = EXPANDABLE_SEGMENTS_TRUE.search(conf) is not None
+    for name, knob in (("release_each_call", "release_cache"), ("expandable_segments", "allocator")):
+        change = next(c for c in CHANGES if c.name == name)
+        side = win.side(change)
+        if knob == "allocator" and env_expandable:
+            if side == "before":
+                notes.append(f"{ALLOC_CONF_VAR}={conf[:60]}: the trainer runs expandable segments")
+            continue
+        if side == "before":
+            out[knob] = change.before
+            notes.append(f"{knob} = {change.before}: that verl's behaviour ({change.source} changed it): {change.what}")
+        elif side is None and (win.after is None or win.after < change.at):
+            notes.append(
+                f"{knob} planned as today's {change.after}; verl before {change.at[:10]} ({change.source}): "
+                f"{change.what} — if the launch's verl is older, pass --override {VERSION_WORD}=<release or date>"
+                + (f" (or set {ALLOC_CONF_VAR}=expandable_segments:True)" if knob == "allocator" else "")
+            )
+    return out
 
 
 _ENV_WORD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)

@@ -37,6 +37,7 @@ def to_plan(
         fits=a.fits,
         knobs=a.knobs,
         peak_gpu_bytes=memory.peak_gpu_bytes,
+        peak_tensor_bytes=memory.peak_tensor_bytes,
         usable_gpu_bytes=inputs.usable_gpu_bytes,
         predicted_step_s=time.step_s,
         phases=dict(memory.phases),

@@ -45,10 +45,9 @@ class Overheads(Frozen):
         default=1.10,
         ge=1.0,
         le=3.0,
-        # PyTorch caching allocator reserved/allocated is 1.05–1.3 typically (memory-model.md §4);
-        # verl and our engine switch on expandable_segments in trainer mode, which keeps it low, so
-        # we take 1.10 rather than the 1.05 floor (varying micro-batch shapes still fragment).
-        description="Reserved / allocated ratio of the trainer's dynamic allocations (GPU only).",
+        # No longer read: the caching allocator's reserve is modelled from its rules, the allocator setting and
+        # the cache releases (planner/memory/allocator.py). Kept so calibration files written before still load.
+        description="Unused (planner/memory/allocator.py models the allocator's reserve); kept for old files.",
     )
 
     # --- vLLM engine (inside its gpu_memory_utilization budget) -----------------------------------

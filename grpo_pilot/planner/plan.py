@@ -8,7 +8,7 @@ families: `workload.algorithm`, `workload.critic` and the families' knobs (older
 defaults: GRPO, FSDP, no family knob set).
 Added without a version bump (older plans load; their new fields are None): `headroom_bytes`,
 `margin_bytes`, `memory_quantile`, `worst_case_peak_gpu_bytes`, `worst_case_phase`,
-`worst_case_phases` — the expected peak (at the memory quantile of the lengths) and the worst case
+`worst_case_phases`, `peak_tensor_bytes` — the expected peak (at the memory quantile of the lengths) and the worst case
 (every sequence at its maximum) with the margin left; `execution` — what the engine needs to run the
 plan (`execution.py`).
 """
@@ -99,7 +99,17 @@ class Plan(Frozen):
         description="Every phase fits usable GPU memory, host RAM fits, and every divisibility rule holds."
     )
     knobs: Knobs
-    peak_gpu_bytes: int = Field(ge=0, description="Largest phase total on one GPU.")
+    peak_gpu_bytes: int = Field(
+        ge=0,
+        description="Largest phase total on one GPU: the device footprint (what nvidia-smi shows): tensors, the "
+        "caching allocator's reserve beyond them, CUDA context, cuBLAS and NCCL buffers.",
+    )
+    peak_tensor_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Largest phase's tensor bytes (its items without overhead_*): what torch.cuda.max_memory_allocated "
+        "shows; plans written before it was recorded get it from their phases on load.",
+    )
     usable_gpu_bytes: int = Field(gt=0, description="Device memory minus the safety headroom.")
     predicted_step_s: float = Field(ge=0.0, description="Roofline seconds per GRPO step.")
     phases: dict[PhaseName, PhaseMemory]
@@ -155,6 +165,10 @@ class Plan(Frozen):
 
     @model_validator(mode="after")
     def _execution(self) -> "Plan":
+        if self.peak_tensor_bytes is None:  # an older plan file
+            object.__setattr__(
+                self, "peak_tensor_bytes", max((p.tensor_bytes for p in self.phases.values()), default=0)
+            )
         if self.execution is None:  # an older plan file: derive it (analytic constants)
             facts = execution_of(
                 self.model.spec,

@@ -69,6 +69,11 @@ class MemoryReport(Frozen):
         return max(p.total_bytes for p in self.phases.values())
 
     @property
+    def peak_tensor_bytes(self) -> int:
+        """The largest phase's tensor bytes (items without overhead_*: what max_memory_allocated shows)."""
+        return max(p.tensor_bytes for p in self.phases.values())
+
+    @property
     def peak_phase(self) -> PhaseName:
         return max(self.phases, key=lambda k: self.phases[k].total_bytes)
 

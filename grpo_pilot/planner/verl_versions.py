@@ -63,6 +63,17 @@ CHANGES: tuple[Change, ...] = (
         "critic.model.enable_gradient_checkpointing defaulted to False (ppo_trainer.yaml@9fca71d2c^ line 103)",
     ),
     Change(
+        "release_each_call",
+        "2025-03-12T13:07",
+        "verl 51a5ff999 (#556)",
+        None,
+        "each_phase",
+        "verl",
+        "every worker method ended with torch.cuda.empty_cache() (fsdp_workers.py@v0.2: update_actor, "
+        "generate_sequences, compute_log_prob, compute_ref_log_prob), so no phase inherited another's cached "
+        "blocks; since (with 3fc3e2b74, #575), the cache is emptied only around the weight sync and after the rollout",
+    ),
+    Change(
         "mini_batch_check",
         "2025-03-14T11:15",
         "verl 4d27461d0 (#559)",
@@ -92,6 +103,17 @@ CHANGES: tuple[Change, ...] = (
         True,
         False,
         "rollout.enforce_eager defaulted to True (rollout.yaml@ff6978c14^ line 35): no CUDA graphs",
+    ),
+    Change(
+        "expandable_segments",
+        "2025-08-13T07:59",
+        "verl e6843cc82 (#3020)",
+        None,
+        "default",
+        "expandable",
+        "the trainer ran PyTorch's default caching allocator (fixed cudaMalloc segments; verl sets no "
+        "PYTORCH_CUDA_ALLOC_CONF); since, the FSDP workers switch expandable_segments on for training "
+        "(sharding manager __exit__, later fsdp_workers.rollout_mode: utils/device.py set_expandable_segments)",
     ),
     Change(
         "remove_padding",

@@ -45,6 +45,7 @@ def test_apply_allocator_on_cuda_sets_the_environment_and_the_running_allocator(
     ("policy", "points"),
     [
         ("verl", {"before_weight_sync", "after_weight_sync", "after_rollout"}),
+        ("each_phase", {"before_weight_sync", "after_weight_sync", "after_rollout", "after_log_prob"}),
         ("after_rollout", {"after_rollout"}),
         ("never", set()),
     ],
@@ -52,7 +53,7 @@ def test_apply_allocator_on_cuda_sets_the_environment_and_the_running_allocator(
 def test_release_cache_runs_empty_cache_where_the_policy_says(monkeypatch, policy, points):
     calls = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
-    every = ("before_weight_sync", "after_weight_sync", "after_rollout", "before_update")
+    every = ("before_weight_sync", "after_weight_sync", "after_rollout", "after_log_prob", "before_update")
     ran = {p for p in every if dm.release_cache(policy, p, CUDA)}
     assert ran == points and len(calls) == len(points)
     assert not any(dm.release_cache(policy, p, CPU) for p in every) and len(calls) == len(points)

@@ -325,3 +325,18 @@ def test_the_run_config_decode_loop_wins_over_the_plan_knob(tmp_path):
     assert hf_decode_of(static, config(tmp_path)) == "static"
     assert hf_decode_of(static, config(tmp_path, hf_decode="eager")) == "eager"
     assert hf_decode_of(plan, config(tmp_path)) == "auto"
+
+
+def test_allocator_settings_come_from_the_plan_unless_the_run_config_sets_them(tmp_path):
+    """The plan's `allocator` / `release_cache` knobs run when the run config leaves them unset (None); the run
+    config's keys override them. profile.json records what ran (no-ops on CPU)."""
+    plan = tiny_plan()
+    plan = plan.model_copy(
+        update={"knobs": plan.knobs.model_copy(update={"allocator": "default", "release_cache": "never"})}
+    )
+    run(plan, config(tmp_path, steps=1))
+    ran = json.loads((tmp_path / "run" / "profile.json").read_text())["allocator"]
+    assert (ran["setting"], ran["release_cache"]) == ("default", "never")
+    run(plan, config(tmp_path, steps=1, output_dir=str(tmp_path / "b"), release_cache="each_phase"))
+    ran = json.loads((tmp_path / "b" / "profile.json").read_text())["allocator"]
+    assert (ran["setting"], ran["release_cache"]) == ("default", "each_phase")

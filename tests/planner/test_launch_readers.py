@@ -234,3 +234,10 @@ def test_trl_generation_batch_size_and_nodes() -> None:
     with pytest.raises(InputError, match="divide evenly"):
         trl_launch({**cfg, "num_processes": 9, "generation_batch_size": None}, total_gpus=16, num_nodes=2)
     assert read_trl("model_name_or_path: m\nuse_vllm: true\n", 16, ["num_processes=8"], 2).knobs["placement"] == "split"
+
+
+def test_trl_launches_run_the_default_allocator_and_never_empty_the_cache() -> None:
+    """Neither TRL nor Axolotl sets PYTORCH_CUDA_ALLOC_CONF, and transformers' torch_empty_cache_steps defaults
+    to None ("cache will not be emptied"): a TRL plan charges the default allocator's reserve."""
+    knobs = trl_launch({"model_name_or_path": "m"}, 2).knobs
+    assert (knobs["allocator"], knobs["release_cache"]) == ("default", "never")

@@ -135,3 +135,20 @@ def test_numeric_keys_are_checked_by_name() -> None:
         with pytest.raises(InputError, match=fragment) as info:
             verl_launch(dict(LOGIC_RL) | {A + "actor.use_dynamic_bsz": "True", key: value})
         assert key in info.value.message
+
+
+def test_the_allocator_and_cache_releases_follow_the_verl_version() -> None:
+    """verl before #556 emptied the cache after every worker method; before #3020 it ran PyTorch's default
+    allocator; today's verl: expandable segments and releases around the weight sync and after the rollout."""
+    old = verl_launch(LOGIC_RL).knobs  # window ends 2025-02-17: before both changes
+    assert (old["allocator"], old["release_cache"]) == ("default", "each_phase")
+    new = verl_launch(LOGIC_RL | {A + "actor.ppo_mini_batch_size": "8"}, version="2025-09-01").knobs
+    assert (new["allocator"], new["release_cache"]) == ("expandable", "verl")
+    between = verl_launch(LOGIC_RL | {A + "actor.ppo_mini_batch_size": "8"}, version="2025-04-01").knobs
+    assert (between["allocator"], between["release_cache"]) == ("default", "verl")
+    # an old verl whose launch sets expandable segments itself runs them
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}
+    assert verl_launch(LOGIC_RL, env).knobs["allocator"] == "expandable"
+    assert (
+        verl_launch(LOGIC_RL, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}).knobs["allocator"] == "default"
+    )

@@ -133,3 +133,18 @@ def logprob_logits_bytes(
     cast_back = c * vocab * hidden if c != FP32 else 0
     in_backward = FP32 * vocab * hidden + grad_hidden + max(chunk * vocab * backward, cast_back)
     return max(chunk * vocab * forward, in_backward)  # the forward's chunks come before any gradient
+
+
+def logits_block_bytes(tokens: int, vocab: int, compute_bytes: int, *, kernel: LogitsKernel, fused: bool) -> int:
+    """The largest single block the log-prob computation allocates for `tokens` scored positions per rank —
+    what the caching allocator must find anew for every micro-batch (planner/memory/allocator.py): the
+    logits in the compute dtype on the unfused paths, one float32 chunk's logits on the fused ones, one
+    tile for trl (module docstring)."""
+    if tokens <= 0:
+        return 0
+    if kernel == "trl":
+        return compute_bytes * min(tokens, TRL_TOKEN_TILE) * min(vocab, TRL_VOCAB_TILE)
+    if not fused:
+        return compute_bytes * tokens * vocab
+    chunk = VERL_FUSED_CHUNK_TOKENS if kernel == "verl" else FUSED_LOGPROB_CHUNK_TOKENS
+    return FP32 * min(tokens, chunk) * vocab

@@ -41,6 +41,8 @@ _ITEMS = {
         ("sglang_kv_cache", "kv_cache_bytes"),
     ),
 }
+# every rollout-engine item name: memory the engine holds outside the trainer's caching allocator
+ENGINE_ITEM_NAMES: frozenset[str] = frozenset(name for pairs in _ITEMS.values() for name, _ in pairs)
 
 
 # What a sleeping engine has resumed while the trainer's weights arrive: vLLM its weights (sleep level 2 frees

@@ -5,7 +5,8 @@ Qwen2.5 0.5B, 1.5B and 3B shapes, random weights, HF rollout, 3 steps each (its 
 method). `compare(case)` re-plans each run with the planner of this checkout — the run's own plan command,
 every knob pinned as measured, the lengths the run really had (prompts of exactly prompt_len − 2 tokens,
 responses always at response_len: a random model never stops) and the allocator behaviour the runs had
-(default caching allocator, no cache release between phases) — and returns measured beside predicted:
+(`MEASURED_ALLOCATOR`: PyTorch's default caching allocator, the cache emptied once per step, after the
+rollout) — and returns measured beside predicted:
 
 - tensor bytes per phase: `torch.cuda.max_memory_allocated` after a reset at the phase start, against the
   phase's tensor items (the plan's items without `overhead_*`);
@@ -27,8 +28,10 @@ from grpo_pilot.planner.plan import Plan
 from grpo_pilot.tuner.measured_runs import load_measurements, measured_inputs, median_phase_s
 
 FILE = Path(__file__).resolve().parent / "h200-2026-11-26.json"
-# the allocator behaviour of the measured runs (the file's `about`: no cache release, default allocator)
-MEASURED_ALLOCATOR = {"allocator": "caching", "release_cache": False}
+# the allocator behaviour of the measured runs: PyTorch's default allocator (no PYTORCH_CUDA_ALLOC_CONF, no setting in
+# the engine at 34e4d2d) and one cache release per step, after the rollout (HFRollout.sleep called
+# torch.cuda.empty_cache(): grpo_pilot/engine/rollout/hf.py@34e4d2d lines 171-174, engine/loop.py collect_batch)
+MEASURED_ALLOCATOR = {"allocator": "default", "release_cache": "after_rollout"}
 
 
 def load() -> dict[str, Any]:
@@ -49,6 +52,19 @@ def plan_of(case: dict[str, Any]) -> Plan:
     return evaluate(inputs, knobs)
 
 
+def device_plan_of(case: dict[str, Any]) -> Plan:
+    """The plan of the run as measured with the analytic overheads: the packaged H200 calibration's CUDA context
+    was fitted to these very runs (calibrations/H200.json `fitted`), so a check of the device footprint against
+    them must not use it."""
+    return evaluate(*measured_inputs(case, MEASURED_ALLOCATOR))
+
+
+def device_footprint_bytes(case: dict[str, Any]) -> int:
+    """The run's largest `total - free` (cudaMemGetInfo) minus what the device held before it started (the poller's
+    own CUDA context): what nvidia-smi showed for the run."""
+    return int(case["device_used_peak_bytes"]) - int(case["device_used_before_bytes"])
+
+
 class Comparison(NamedTuple):
     name: str
     tensor_bytes: dict[str, tuple[int, int]]  # phase -> (measured, predicted)
@@ -64,7 +80,7 @@ def compare(case: dict[str, Any]) -> Comparison:
         for phase, m in case["phases"].items()
         if phase in plan.phases and m["measured_peak_bytes"] is not None
     }
-    device = int(case["device_used_peak_bytes"]) - int(case["device_used_before_bytes"])
+    device = device_footprint_bytes(case)
     steps = case["step_s"][1:]
     measured_s = median_phase_s(case)
     phase_s = {phase: (measured_s[phase], plan.phase_times_s[phase]) for phase in plan.phase_times_s}
