@@ -68,7 +68,7 @@ class _Segment:
 class _Block:
     __slots__ = ("addr", "size", "allocated", "mapped", "prev", "next", "small", "seg")
 
-    def __init__(self, addr: int, size: int, small: bool, seg: _Segment, mapped: bool = True) -> None:
+    def __init__(self, addr: int, size: int, small: bool, seg: _Segment, *, mapped: bool = True) -> None:
         self.addr, self.size, self.small, self.seg, self.mapped = addr, size, small, seg, mapped
         self.allocated = False
         self.prev: _Block | None = None

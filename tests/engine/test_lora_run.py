@@ -5,6 +5,7 @@ A QLoRA plan is refused on this CPU before anything starts."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from pathlib import Path
@@ -43,6 +44,9 @@ def lines(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("lora") / "run"
+    # the CPU tracker counts every tensor alive in the process at a phase's start (as max_memory_allocated counts
+    # the whole process on a GPU): earlier tests' unreachable tensors in reference cycles go first
+    gc.collect()
     run(load_plan(PLAN), RunConfig(output_dir=str(out), steps=STEPS, **SETTINGS))
     return out
 

@@ -305,4 +305,8 @@ def test_real_memory_cap_forces_a_recorded_oom(tmp_path):
     assert list(frame["status"]) == ["oom", "ok", "ok"]
     assert frame.loc[1, "knob.update_batch"] == "micro:8" and frame.loc[1, "measured_peak_bytes"] < 6_500_000
     assert set(frame["memory_cap_bytes"]) == {6_500_000}
-    assert json.loads((out / "plan.json").read_text())["knobs"]["micro_batch_size_per_gpu"] == 8
+    # the best plan is the fastest trial that ran (micro-batch 8 or 4: which one is faster is the machine's call)
+    ran = frame[frame["status"] == "ok"]
+    fastest = ran.loc[ran["measured_tokens_per_s"].idxmax(), "knob.update_batch"]
+    assert fastest in ("micro:8", "micro:4")
+    assert json.loads((out / "plan.json").read_text())["knobs"]["micro_batch_size_per_gpu"] == int(fastest[6:])
