@@ -5,9 +5,10 @@ A QLoRA plan is refused on this CPU before anything starts."""
 
 from __future__ import annotations
 
-import gc
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,11 +44,19 @@ def lines(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> Path:
+    """The uninterrupted run, in a process of its own: the CPU tracker counts every tensor alive in the process (as
+    max_memory_allocated counts the whole process on a GPU), and this process holds the tensors of every test
+    module collected before this one."""
     out = tmp_path_factory.mktemp("lora") / "run"
-    # the CPU tracker counts every tensor alive in the process at a phase's start (as max_memory_allocated counts
-    # the whole process on a GPU): earlier tests' unreachable tensors in reference cycles go first
-    gc.collect()
-    run(load_plan(PLAN), RunConfig(output_dir=str(out), steps=STEPS, **SETTINGS))
+    code = (
+        "import torch; torch.set_num_threads(1)\n"
+        "from grpo_pilot.engine.loop import run\n"
+        "from grpo_pilot.engine.run_config import RunConfig\n"
+        "from grpo_pilot.planner.plan import load_plan\n"
+        f"run(load_plan({PLAN!r}), RunConfig(output_dir={str(out)!r}, steps={STEPS}, **{SETTINGS!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
 
 
