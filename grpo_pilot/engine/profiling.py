@@ -82,7 +82,9 @@ def _tensor_tracker_class() -> type:
             self.live_bytes -= nbytes
 
         def track(self, tensor: Any) -> None:
-            if tensor.device.type == "meta" or tensor.is_sparse:
+            # fake tensors (FakeTensorMode: a trace, torch.compile's or grpo-plan --verify's, left alive in the
+            # process) hold no memory, and a symbolic one's nbytes is a SymInt that would turn every sum symbolic
+            if tensor.device.type == "meta" or tensor.is_sparse or getattr(tensor, "fake_mode", None) is not None:
                 return
             try:
                 storage = tensor.untyped_storage()
@@ -91,6 +93,8 @@ def _tensor_tracker_class() -> type:
             if storage in self._seen:
                 return
             nbytes = storage.nbytes()
+            if type(nbytes) is not int:  # a symbolic size (a fake storage reached through a view)
+                return
             self._seen[storage] = nbytes
             if nbytes:
                 self.live_bytes += nbytes

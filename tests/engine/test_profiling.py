@@ -36,6 +36,36 @@ def test_tensor_tracker_sees_phase_peak_including_tensors_alive_before():
     assert "tensor" in prof.memory_source
 
 
+def test_tensor_tracker_ignores_fake_tensors_left_alive_by_a_trace():
+    """A trace (FakeTensorMode, symbolic sizes: torch.compile, grpo-plan --verify) that leaves fake tensors alive
+    in the process must not reach the tracker: they hold no memory, and a symbolic nbytes would turn its sums
+    into SymInts."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.DYNAMIC])
+    symbolic = mode.from_tensor(torch.empty(4, 6), symbolic_context=dynamic, source=ConstantSource("x"))
+    with mode:
+        concrete = torch.empty(1000, 1000)
+    assert type(symbolic.untyped_storage().nbytes()) is not int  # what the tracker would have summed
+    prof = PhaseProfiler("cpu", cpu_memory="tensors")
+    prof.start()
+    try:
+        before = prof._tracker.live_bytes
+        prof.begin_step()
+        with prof.phase("update"):
+            tmp = torch.ones(MIB // 4)
+            del tmp
+        samples = prof.end_step()
+    finally:
+        prof.close()
+    assert concrete.numel() == 10**6
+    assert type(before) is int and type(samples["update"].peak_bytes) is int
+    assert samples["update"].peak_bytes - before == pytest.approx(MIB, abs=64 * 1024)
+
+
 def test_repeated_phase_sums_time_and_keeps_largest_peak():
     prof = PhaseProfiler("cpu", cpu_memory="rss")
     prof.begin_step()
