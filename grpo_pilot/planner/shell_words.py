@@ -65,7 +65,7 @@ class _Exit(Exception):
 
 
 class _Return(Exception):
-    pass
+    """A `return` inside a sourced function body: unwinds to the function's caller."""
 
 
 class _Jump(Exception):

@@ -386,8 +386,8 @@ def replay(
             alloc.reset_peaks()
         elif kind == "e" or (kind == "r" and event[1] in releases):
             alloc.empty_cache()
-        elif kind in ("r", "c"):
-            pass
+        elif kind in ("r", "c"):  # a release point this policy skips, or a comment: no allocator action
+            continue
         elif kind == "x":
             alloc.expandable = bool(event[1])
         else:

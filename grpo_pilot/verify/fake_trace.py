@@ -105,7 +105,7 @@ def tracker_adjustments() -> Iterator[None]:
 
     class _NoHook:
         def remove(self) -> None:
-            pass
+            """Nothing was registered: nothing to remove."""
 
     def grad_hook_when_grad_enabled(tensors: Any, fn: Any, **kwargs: Any) -> Any:
         return saved_grad_hook(tensors, fn, **kwargs) if torch.is_grad_enabled() else _NoHook()
