@@ -9,7 +9,9 @@ Where a range is known we pick one documented value and say why; all byte values
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, model_validator
 
 from grpo_pilot.models import Frozen
 from grpo_pilot.units import GiB, MiB
@@ -17,6 +19,15 @@ from grpo_pilot.units import GiB, MiB
 
 class Overheads(Frozen):
     """Non-tensor and engine-internal memory constants (per GPU unless the name says otherwise)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_keys(cls, data: Any) -> Any:
+        """Calibration files written before planner/memory/allocator.py modelled the caching allocator's reserve
+        carry a `fragmentation_factor`; it is no longer a constant of the model, so it is dropped on load."""
+        if isinstance(data, dict) and "fragmentation_factor" in data:
+            data = {k: v for k, v in data.items() if k != "fragmentation_factor"}
+        return data
 
     # --- CUDA process baseline -------------------------------------------------------------------
     cuda_context_bytes: int = Field(
@@ -41,15 +52,6 @@ class Overheads(Frozen):
         # at the bottom, so we start there and let calibration raise it.
         description="Buffers of one NCCL communicator the trainer creates (FSDP group, Ulysses group).",
     )
-    fragmentation_factor: float = Field(
-        default=1.10,
-        ge=1.0,
-        le=3.0,
-        # No longer read: the caching allocator's reserve is modelled from its rules, the allocator setting and
-        # the cache releases (planner/memory/allocator.py). Kept so calibration files written before still load.
-        description="Unused (planner/memory/allocator.py models the allocator's reserve); kept for old files.",
-    )
-
     # --- vLLM engine (inside its gpu_memory_utilization budget) -----------------------------------
     vllm_non_torch_base_bytes: int = Field(
         default=int(0.15 * GiB),

@@ -64,7 +64,6 @@ MAX_ITERATIONS = 100
 EFFICIENCY_BOUNDS = (math.log(1e-5), 0.0)
 SECONDS_BOUNDS = (math.log(1e-7), math.log(10.0))
 NOT_IN_RECORDS = {
-    "memory.fragmentation_factor": "the trials record allocated tensor bytes, not the allocator's reserved bytes",
     "memory.cuda_context_bytes": "not separable from tensor bytes in what the trials record",
     "memory.nccl_bytes_per_communicator": "not separable from tensor bytes in what the trials record",
     "memory.vllm_*": "the trials do not record the rollout engine's own memory profile (activation peak, "

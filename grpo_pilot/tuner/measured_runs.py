@@ -27,7 +27,7 @@ from typing import Any
 from grpo_pilot.errors import InputError
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.inputs import read_json_file
-from grpo_pilot.planner.calibration import Calibration, FitError, FittedValue, KeptValue
+from grpo_pilot.planner.calibration import Calibration, FitError, FittedValue
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.evaluate import PlanInputs, model_ref
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS
@@ -194,8 +194,7 @@ def fit_measured(
         overheads=overheads,
         time_coefficients=coef,
         fitted=tuple(memory_fitted + fitted),
-        kept_analytic=tuple(kept)
-        + (KeptValue(name="memory.fragmentation_factor", reason="the allocator model is fitted separately"),),
+        kept_analytic=tuple(kept),
         num_trials=len(runs),
         num_observations=len(obs),
         fit_error=FitError(

@@ -22,6 +22,7 @@ from grpo_pilot.planner.calibration import (
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.evaluate import PlanInputs, model_ref
 from grpo_pilot.planner.make_plan import evaluate, make_plan
+from grpo_pilot.planner.overheads import Overheads
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS
 from grpo_pilot.profiles import resolve_model
 
@@ -133,3 +134,11 @@ def test_choose_explicit_default_and_skipped(tmp_path):
     with pytest.raises(InputError) as info:
         choose_calibration(inputs, None, use_default=True, versions=VERSIONS, environ=env)
     assert "--no-calibration" in info.value.hint
+
+
+def test_a_calibration_written_with_the_retired_fragmentation_factor_still_loads():
+    # files from before planner/memory/allocator.py carry the factor; it is dropped on load, nothing else moves
+    old = Overheads.model_validate({"fragmentation_factor": 1.1, "cuda_context_bytes": 123})
+    assert old == Overheads(cuda_context_bytes=123)
+    with pytest.raises(ValueError):
+        Overheads.model_validate({"no_such_constant": 1})
