@@ -44,7 +44,7 @@ def local_gpu() -> Any:
 
 def decode_step_bytes(model_spec: Any, *, rows: int, context_tokens: float) -> float:
     """Bytes one decode step must read at least: the bf16 weights once and every row's K/V over its context."""
-    from grpo_pilot.planner.roofline import kv_bytes_per_token_per_gpu
+    from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token_per_gpu
 
     return BF16_BYTES * model_spec.num_params + rows * context_tokens * kv_bytes_per_token_per_gpu(model_spec, 1)
 

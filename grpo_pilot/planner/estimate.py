@@ -81,7 +81,7 @@ from grpo_pilot.planner.memory.fsdp import (
 )
 from grpo_pilot.planner.memory.hf_generate import StaticDecode, hf_generate_memory, static_decode_memory
 from grpo_pilot.planner.memory.host import HostOffloads, HostShards, host_items
-from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_per_token, kv_tokens
+from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_per_token_per_gpu, kv_tokens
 from grpo_pilot.planner.memory.logits import logits_block_bytes, logprob_logits_bytes
 from grpo_pilot.planner.memory.megatron_phases import megatron_engine_budget, megatron_memory
 from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
@@ -159,13 +159,7 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
     bud = ctx.vllm
     if bud is not None:
         engine = engine_items(k.rollout_backend, bud)
-        per_token = kv_bytes_per_token(
-            num_layers=m.num_layers,
-            num_kv_heads=m.num_kv_heads,
-            head_dim=m.head_dim,
-            tensor_parallel=k.rollout_tp,
-            kv_bytes=ctx.precision.rollout_bytes,
-        )
+        per_token = kv_bytes_per_token_per_gpu(m, k.rollout_tp, ctx.precision.rollout_bytes)
         tokens = kv_tokens(bud.kv_cache_bytes, per_token)
         max_seqs = concurrent_sequences(tokens, ctx.lengths.seq_max, k.max_num_seqs)
         if ctx.layout.split:
@@ -185,7 +179,7 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
             prompt_tokens=w.prompt_len_tokens,
             response_tokens=w.response_len_tokens,
             # the fp32 policy under autocast keeps a float32 cache (memory/hf_generate.py)
-            kv_bytes_per_token=_unsharded_kv_bytes_per_token(m, FP32_BYTES if ctx.autocast else c),
+            kv_bytes_per_token=kv_bytes_per_token_per_gpu(m, 1, FP32_BYTES if ctx.autocast else c),
             prefill_bytes_per_token=_unsharded_forward_bytes_per_token(m, c),
             vocab=m.vocab_size,
             compute_bytes=c,
@@ -236,9 +230,9 @@ def _static_decode(ctx: MemoryContext, batch: int) -> StaticDecode | None:
         prompt_seqs=groups_spanned(batch, w.n),
         prompt_tokens=w.prompt_len_tokens,
         response_tokens=w.response_len_tokens,
-        kv_bytes_per_token=_unsharded_kv_bytes_per_token(m, step_bytes),
+        kv_bytes_per_token=kv_bytes_per_token_per_gpu(m, 1, step_bytes),
         # the prefill runs the module itself: the fp32 policy under autocast keeps a float32 cache, as eager
-        prefill_kv_bytes_per_token=_unsharded_kv_bytes_per_token(m, FP32_BYTES if ctx.autocast else c),
+        prefill_kv_bytes_per_token=kv_bytes_per_token_per_gpu(m, 1, FP32_BYTES if ctx.autocast else c),
         layers=m.num_layers,
         prefill_bytes_per_token=_unsharded_forward_bytes_per_token(m, c),
         vocab=m.vocab_size,
@@ -246,13 +240,6 @@ def _static_decode(ctx: MemoryContext, batch: int) -> StaticDecode | None:
         head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
         weight_copy_bytes=step_bytes * m.num_params if ctx.precision.master_bytes != step_bytes else 0,
         graphs=mode == "cuda_graph",
-    )
-
-
-def _unsharded_kv_bytes_per_token(m: ModelSpec, kv_bytes: int) -> int:
-    """K/V bytes per token of the hf rollout's cache (one process holds every head: no tensor parallelism)."""
-    return kv_bytes_per_token(
-        num_layers=m.num_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, tensor_parallel=1, kv_bytes=kv_bytes
     )
 
 

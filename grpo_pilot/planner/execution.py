@@ -17,7 +17,7 @@ from pydantic import Field
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs, Workload, old_logprob_pass_needed
-from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
+from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token_per_gpu
 from grpo_pilot.planner.memory.layout import layout_for
 from grpo_pilot.planner.memory.precision import rollout_element_bytes
 from grpo_pilot.planner.overheads import Overheads
@@ -57,13 +57,7 @@ def execution_of(
         rollout_gpus_per_node=layout.rollout_gpus_per_node,
         rollout_replicas=max(1, rollout_gpus // tp),
         split=layout.split,
-        rollout_kv_bytes_per_token=kv_bytes_per_token(
-            num_layers=model.num_layers,
-            num_kv_heads=model.num_kv_heads,
-            head_dim=model.head_dim,
-            tensor_parallel=tp,
-            kv_bytes=element,
-        ),
+        rollout_kv_bytes_per_token=kv_bytes_per_token_per_gpu(model, tp, element),
         weight_sync_bucket_bytes=overheads.weight_sync_bucket_bytes,
         old_logprob_pass=old_logprob_pass_needed(workload, executor),
     )

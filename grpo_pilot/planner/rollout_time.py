@@ -45,6 +45,7 @@ from grpo_pilot.kernels import STATIC_LENGTH_BUCKET_TOKENS
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.lengths import lengths_of
 from grpo_pilot.planner.lora_time import dequant_micro_s, lora_time_terms
+from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token_per_gpu
 from grpo_pilot.planner.memory.precision import rollout_element_bytes
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.roofline import (
@@ -53,7 +54,6 @@ from grpo_pilot.planner.roofline import (
     attention_flops_per_token,
     collective_bytes_per_s,
     compute_seconds,
-    kv_bytes_per_token_per_gpu,
     memory_seconds,
     param_counts,
     pools,

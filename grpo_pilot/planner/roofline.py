@@ -29,13 +29,12 @@ from grpo_pilot.hardware.device_traits import device_traits
 from grpo_pilot.hardware.gpus import GPUSpec
 from grpo_pilot.planner.config import Knobs
 from grpo_pilot.planner.memory.activations import layer_activation_bytes_per_token
-from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
 from grpo_pilot.planner.memory.layout import layout_for
 from grpo_pilot.planner.memory.logits import logprob_logits_bytes
 from grpo_pilot.planner.time_coefficients import TimeCoefficients
 from grpo_pilot.planner.traits import ExecutorTraits
 from grpo_pilot.profiles.spec import ModelSpec
-from grpo_pilot.units import BF16_BYTES, GB
+from grpo_pilot.units import GB
 
 # A produced byte is written once and read once (forward); the backward moves twice the forward's bytes.
 FORWARD_TRAFFIC_PER_SAVED_BYTE = 2
@@ -188,14 +187,3 @@ def pools(cluster: Cluster, knobs: Knobs) -> tuple[int, int]:
     if knobs.rollout_backend == "hf":
         return layout.trainer_gpus, layout.trainer_gpus
     return layout.rollout_gpus_per_node * cluster.num_nodes, layout.trainer_gpus
-
-
-def kv_bytes_per_token_per_gpu(spec: ModelSpec, tp: int, kv_bytes: int = BF16_BYTES) -> int:
-    """2 (K and V) · L · ceil(kv_heads / t) · d · bytes: the memory model's own formula."""
-    return kv_bytes_per_token(
-        num_layers=spec.num_layers,
-        num_kv_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        tensor_parallel=tp,
-        kv_bytes=kv_bytes,
-    )

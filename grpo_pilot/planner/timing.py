@@ -40,6 +40,7 @@ from grpo_pilot.planner.lora_time import (
     lora_training_cost,
 )
 from grpo_pilot.planner.megatron_time import megatron_times
+from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token_per_gpu
 from grpo_pilot.planner.memory.precision import precision_for
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.reports import TimeReport
@@ -51,7 +52,6 @@ from grpo_pilot.planner.roofline import (
     forward_cost,
     forward_flops_per_token,
     host_link_bytes_per_s,
-    kv_bytes_per_token_per_gpu,
     logits_traffic_bytes,
     param_counts,
     pools,

@@ -22,8 +22,8 @@ import pytest
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.evaluate import PlanInputs, assess, model_ref
+from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token_per_gpu
 from grpo_pilot.planner.rollout_time import rollout_time_s
-from grpo_pilot.planner.roofline import kv_bytes_per_token_per_gpu
 from grpo_pilot.profiles import resolve_model
 from grpo_pilot.profiles.spec import spec_from_hf_config
 from grpo_pilot.units import GiB

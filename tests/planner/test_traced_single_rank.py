@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_pilot.profiles.spec import ModelSpec
-
 torch = pytest.importorskip("torch")
+from test_traced import TINY  # noqa: E402  (the same tiny Qwen2 as the sharded traces)
+
 from grpo_pilot.verify.fake_trace import CUDA_MIN_BLOCK_BYTES, hf_config_from_spec  # noqa: E402
 
 # the static decode loop's tensor items in the rollout phase (planner/memory/hf_generate.py)
@@ -21,22 +21,6 @@ STATIC_TENSOR_ITEMS = (
     "hf_prefill_activations",
     "hf_sampling_logits",
     "autocast_weight_cache",
-)
-TINY = ModelSpec(
-    name="tiny-qwen2",
-    architecture="Qwen2ForCausalLM",
-    model_type="qwen2",
-    hidden_size=256,
-    intermediate_size=512,
-    num_layers=2,
-    num_attention_heads=4,
-    num_kv_heads=2,
-    head_dim=64,
-    vocab_size=4096,
-    tie_word_embeddings=False,
-    qkv_bias=True,
-    qk_norm=False,
-    max_position_embeddings=2048,
 )
 PROMPT, RESPONSE = 64, 192  # rows of 256 tokens: a 1024-token log-prob budget holds 4 whole rows
 

@@ -7,9 +7,21 @@ parallel size: once t exceeds kv_heads every rank holds one (replicated) kv head
 
 from __future__ import annotations
 
-from grpo_pilot.profiles.spec import kv_bytes_per_token
+from grpo_pilot.profiles.spec import ModelSpec, kv_bytes_per_token
+from grpo_pilot.units import BF16_BYTES
 
-__all__ = ["concurrent_sequences", "kv_bytes_per_token", "kv_tokens"]
+__all__ = ["concurrent_sequences", "kv_bytes_per_token", "kv_bytes_per_token_per_gpu", "kv_tokens"]
+
+
+def kv_bytes_per_token_per_gpu(spec: ModelSpec, tp: int, kv_bytes: int = BF16_BYTES) -> int:
+    """`kv_bytes_per_token` of a model's shape on one of `tp` tensor-parallel ranks."""
+    return kv_bytes_per_token(
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        tensor_parallel=tp,
+        kv_bytes=kv_bytes,
+    )
 
 
 def kv_tokens(kv_cache_bytes: int, bytes_per_token: int) -> int:

@@ -39,7 +39,7 @@ from grpo_pilot.planner.memory.context import (
     rollout_engine,
     rollout_leftovers,
 )
-from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_per_token, kv_tokens
+from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_per_token_per_gpu, kv_tokens
 from grpo_pilot.planner.memory.megatron import (
     MegatronParallel,
     MegatronStates,
@@ -295,13 +295,7 @@ def megatron_memory(ctx: MemoryContext, cluster: Cluster, *, finish: Finish) -> 
     """Per-GPU peaks of every phase on the stage that peaks, and host RAM per node (module docstring)."""
     p = _parts(ctx)
     m = ctx.model
-    kv_per_token = kv_bytes_per_token(
-        num_layers=m.num_layers,
-        num_kv_heads=m.num_kv_heads,
-        head_dim=m.head_dim,
-        tensor_parallel=ctx.knobs.rollout_tp,
-        kv_bytes=ctx.precision.rollout_bytes,
-    )
+    kv_per_token = kv_bytes_per_token_per_gpu(m, ctx.knobs.rollout_tp, ctx.precision.rollout_bytes)
     tokens = kv_tokens(p.budget.kv_cache_bytes, kv_per_token)
     return MegatronMemory(
         phases={

@@ -18,7 +18,7 @@ as vLLM's sleep level 2 does.
 
 from __future__ import annotations
 
-from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token
+from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token_per_gpu
 from grpo_pilot.planner.memory.sglang_budget import sglang_budget
 from grpo_pilot.planner.memory.vllm_budget import VllmBudget, forward_bytes_per_token
 from grpo_pilot.planner.overheads import Overheads
@@ -80,13 +80,7 @@ def sglang_engine_budget(
         num_params=model.num_params,
         tensor_parallel=t,
         weight_bytes=weight_bytes,
-        kv_bytes_per_token=kv_bytes_per_token(
-            num_layers=model.num_layers,
-            num_kv_heads=model.num_kv_heads,
-            head_dim=model.head_dim,
-            tensor_parallel=t,
-            kv_bytes=weight_bytes,
-        ),
+        kv_bytes_per_token=kv_bytes_per_token_per_gpu(model, t, weight_bytes),
         context_len=model.max_position_embeddings,
         max_running_requests=max_num_seqs,
         cuda_graph_max_bs=0,
