@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from grpo_pilot.engine.model_factory import save_model_dir
+from grpo_pilot.engine.rollout import vllm_cpu_shm
 from grpo_pilot.engine.rollout.completion import check_prompts, eos_token_ids, finish_completion, make_decoder
 from grpo_pilot.engine.rollout.protocol import Generation, SamplingConfig
 from grpo_pilot.engine.rollout.vllm_logs import LOG_FILE, VllmLog, capture_warnings
@@ -73,25 +74,6 @@ def engine_env(*, on_cpu: bool, kv_cache_bytes: int | None) -> dict[str, str]:
         else:
             env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
     return env
-
-
-CPU_SHM_GLOB = "-tp:*-cpushm_*"  # vLLM-CPU's TP shared memory under external_launcher (cpu_communicator.py)
-
-
-def remove_stale_cpu_shm(root: str = "/dev/shm") -> list[str]:
-    """Unlink vLLM-CPU tensor-parallel segments left by killed workers.
-
-    Under `external_launcher` vLLM-CPU names them after its init method, which is always "env://", so
-    every run on a machine uses the same names and a leftover segment makes the next start fail
-    ("create shm in SHMManager failed. errno: 17"). Called by rank 0 before any rank starts (and at
-    close); two vLLM-TP runs on one CPU machine at the same time would share these names.
-    """
-    removed = []
-    for path in Path(root).glob(CPU_SHM_GLOB):
-        with contextlib.suppress(OSError):
-            path.unlink()
-            removed.append(path.name)
-    return removed
 
 
 def request_seeds(seed: int, count: int) -> list[int]:
@@ -277,11 +259,7 @@ class VLLMRollout:
             kwargs["distributed_executor_backend"] = "external_launcher"
             # rank in that group; each worker sees one device (Ray sets CUDA_VISIBLE_DEVICES), its index 0
             os.environ.update(RANK=str(dist.get_rank()), LOCAL_RANK="0")
-        self._shm_owner = current_platform.is_cpu() and tensor_parallel_size > 1 and dist.is_initialized()
-        if self._shm_owner:
-            if dist.get_rank() == 0:
-                remove_stale_cpu_shm()
-            dist.barrier()  # no rank creates its segment before the stale ones are gone
+        self._shm_token = self._private_cpu_shm(tensor_parallel_size)
         try:
             with _preserve_process_state():
                 self._llm: Any = LLM(**kwargs)
@@ -289,6 +267,22 @@ class VLLMRollout:
             raise RunError(f"The vLLM engine failed to start: {exc}", f"Model directory: {model_dir}.") from exc
         self._asleep = False
         self._param_layer_classes: frozenset[str] = self._llm.apply_model(_param_layer_classes)[0]
+
+    @staticmethod
+    def _private_cpu_shm(tensor_parallel_size: int) -> str | None:
+        """On CPU with TP > 1 inside a worker group: this run's token for vLLM's shared-memory segments
+        (engine/rollout/vllm_cpu_shm.py), drawn on rank 0 after it removed killed runs' segments."""
+        import torch.distributed as dist
+        from vllm.platforms import current_platform
+
+        if not (current_platform.is_cpu() and tensor_parallel_size > 1 and dist.is_initialized()):
+            return None
+        token = [None]
+        if dist.get_rank() == 0:
+            vllm_cpu_shm.remove_stale_segments()
+            token = [vllm_cpu_shm.new_token()]
+        dist.broadcast_object_list(token, src=0)  # every rank must derive the same group name
+        return token[0] if vllm_cpu_shm.scope_names(token[0]) else None
 
     # -- protocol -------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
@@ -381,8 +375,8 @@ class VLLMRollout:
             del llm
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
-        if getattr(self, "_shm_owner", False):
-            remove_stale_cpu_shm()  # mapped segments stay valid for peers still shutting down
+        if getattr(self, "_shm_token", None):
+            vllm_cpu_shm.remove_run_segments(self._shm_token)  # peers still shutting down keep their mappings
         if getattr(self, "_log", None) is not None:
             self._log.close()
 
