@@ -27,9 +27,11 @@ from grpo_pilot.planner.export_families import (
     trl_peft_lines,
     verl_family_overrides,
 )
+from grpo_pilot.planner.from_verl import EXPANDABLE_ENV
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.planner.roofline import pools
 from grpo_pilot.planner.traits import traits_for
+from grpo_pilot.planner.verl_versions import CHANGES
 
 # KL settings of verl's GRPO example scripts (examples/grpo_trainer/run_qwen2-7b.sh: kl_loss_coef
 # 0.001, kl_loss_type low_var_kl); the workload only says whether the KL loss is on.
@@ -54,8 +56,22 @@ def micro_batch_seqs(plan: Plan) -> int:
     return k.micro_batch_size_per_gpu or 1
 
 
+def _verl_allocator_note(plan: Plan) -> str:
+    """What the plan's allocator setting means for a verl launch (verl_versions.CHANGES 'expandable_segments')."""
+    since = next(c.source for c in CHANGES if c.name == "expandable_segments")
+    if plan.knobs.allocator == "expandable":
+        return (
+            f"the plan assumes expandable segments ({since} and later set them for training); with an older "
+            f"verl, export {EXPANDABLE_ENV} before launching."
+        )
+    return (
+        f"the plan assumes PyTorch's default allocator (fixed segments); {since} and later switch expandable "
+        "segments on, which holds less: re-plan with --pin allocator=expandable for a recent verl."
+    )
+
+
 def verl_notes(plan: Plan) -> tuple[str, ...]:
-    notes = []
+    notes = [_verl_allocator_note(plan)]
     if plan.knobs.placement == "split":
         notes.append(
             "placement=split has no main_ppo key: verl's main_ppo colocates rollout and training "
@@ -262,6 +278,8 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
             f"ulysses_sp={k.ulysses_sp} has no GRPOConfig key "
             "(use accelerate's parallelism_config for context parallelism)"
         )
+    if k.allocator == "expandable":  # neither TRL nor accelerate sets the allocator (planner/from_trl.py)
+        notes.append(f"export {EXPANDABLE_ENV} before launching (the plan assumes expandable segments)")
     if k.fused_logprob:
         notes.append("fused_logprob has no GRPOConfig key in trl 1.16 (use_liger_kernel is deprecated there)")
     if k.rollout_backend == "vllm" and k.enforce_eager:

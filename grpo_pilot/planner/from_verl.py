@@ -51,6 +51,7 @@ LAUNCH_ENTRY_POINTS = ("main_ppo", "main_dapo")
 _OVERRIDE = re.compile(r"^(\+{0,2}|~)([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+)(?:=(.*))?$", re.S)
 MODEL_CONFIG_PREFIX = ARR + "model.override_config."
 ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"  # c10 CUDAAllocatorConfig reads it at the first CUDA allocation
+EXPANDABLE_ENV = f"{ALLOC_CONF_VAR}=expandable_segments:True"
 EXPANDABLE_SEGMENTS_TRUE = re.compile(r"(^|,)\s*expandable_segments\s*:\s*true\s*(,|$)", re.I)
 VERSION_WORD = "VERL_VERSION"  # an --override word that pins the verl release (verl_versions.parse_pin)
 
@@ -511,7 +512,7 @@ def allocator_knobs(env: Mapping[str, str], win: VerlWindow, notes: list[str]) -
             notes.append(
                 f"{knob} planned as today's {change.after}; verl before {change.at[:10]} ({change.source}): "
                 f"{change.what} — if the launch's verl is older, pass --override {VERSION_WORD}=<release or date>"
-                + (f" (or set {ALLOC_CONF_VAR}=expandable_segments:True)" if knob == "allocator" else "")
+                + (f" (or set {EXPANDABLE_ENV})" if knob == "allocator" else "")
             )
     return out
 

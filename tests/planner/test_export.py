@@ -217,3 +217,12 @@ def test_verl_fixed_log_prob_micro_batch_and_v0_engine() -> None:
         assert o[f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu"] == "16"
         assert f"actor_rollout_ref.{role}.log_prob_max_token_len_per_gpu" not in o
     assert "VLLM_USE_V1=0" in verl_command(plan)
+
+
+def test_the_allocator_the_plan_assumes_reaches_each_export() -> None:
+    expandable, default = plan_for(Knobs(allocator="expandable")), plan_for(Knobs(allocator="default"))
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in verl_command(expandable)
+    assert "--pin allocator=expandable" in verl_command(default)
+    assert "export PYTORCH_CUDA_ALLOC_CONF" not in verl_command(default)
+    assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in n for n in trl_settings(expandable)[1])
+    assert not any("PYTORCH_CUDA_ALLOC_CONF" in n for n in trl_settings(default)[1])
