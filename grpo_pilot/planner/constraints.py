@@ -115,6 +115,12 @@ def _length_rules(spec: ModelSpec, workload: Workload, knobs: Knobs, target: Tar
     scale = sp if traits_for(target).budget_scaled_by_sp else 1  # verl multiplies budgets by SP; ours and TRL do not
     times_sp = f" × ulysses_sp={sp}" if scale > 1 else ""
     return [
+        _rule(  # first: no knob mends it, so it is the binding rule a report names
+            "context.max_position",
+            seq <= spec.max_position_embeddings,
+            f"prompt + response = {seq} tokens exceeds the model's {spec.max_position_embeddings} positions "
+            f"(responses up to {spec.max_position_embeddings - workload.prompt_len_tokens} tokens fit them).",
+        ),
         _rule(
             "token_budget.update",
             not knobs.dynamic_batching or (knobs.max_token_len_per_gpu or 0) * scale >= seq,
@@ -130,11 +136,6 @@ def _length_rules(spec: ModelSpec, workload: Workload, knobs: Knobs, target: Tar
             "rollout.batched_tokens_ge_seqs",
             knobs.rollout_backend != "vllm" or knobs.max_num_batched_tokens >= knobs.max_num_seqs,
             f"max_num_batched_tokens={knobs.max_num_batched_tokens} is below max_num_seqs={knobs.max_num_seqs} (vLLM).",
-        ),
-        _rule(
-            "context.max_position",
-            seq <= spec.max_position_embeddings,
-            f"prompt + response = {seq} tokens exceeds the model's {spec.max_position_embeddings} positions.",
         ),
     ]
 

@@ -121,6 +121,13 @@ def params_for(space: SearchSpace, knobs: Knobs) -> dict[str, Any]:
     return out
 
 
+def _default_point(space: SearchSpace) -> dict[str, Any]:
+    """The pinned/default knobs as a point of the space; a default outside a dimension's choices (verl's
+    rollout TP 2 on one GPU) takes the first choice, so the report names the rule that really binds."""
+    point = params_for(space, Knobs(**space.pinned))
+    return {name: point.get(name, options[0]) for name, options in space.choices.items()}
+
+
 def grid(space: SearchSpace) -> Iterator[dict[str, Any]]:
     """Every point of the space, in a fixed order (for the exhaustive benchmark)."""
     names = list(space.choices)
@@ -349,7 +356,7 @@ def search(
             if fresh:
                 study.optimize(objective, n_trials=len(fresh), catch=())
     if not best:  # every trial broke a structural rule: report the pinned/default configuration
-        best.append(assess(inputs, knobs_for(space, params_for(space, Knobs(**space.pinned)))))
+        best.append(assess(inputs, knobs_for(space, _default_point(space))))
     refined, evaluations = best[0], 0
     if feasible:
         starts = sorted(

@@ -106,7 +106,8 @@ def verdict_of(inputs: PlanInputs, a: Assessment) -> Verdict:
                 f"{inputs.workload.response_len_tokens}, does not); the lengths are unknown: give "
                 "--response-len-mean (or --lengths FILE) for a verdict on the data",
             )
-    short = "" if known else " even at the shortest responses"
+    # "even at the shortest responses" only where that was computed: memory alone binds, and no mean fits
+    short = " even at the shortest responses" if not known and _memory_only(a) else ""
     return Verdict(
         kind="does_not_fit",
         lengths_known=known,

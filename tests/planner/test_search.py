@@ -21,6 +21,7 @@ from grpo_pilot.planner.search import (
     search,
     trial_constraints,
 )
+from grpo_pilot.planner.verdict import verdict_of
 from grpo_pilot.profiles import resolve_model
 
 
@@ -125,6 +126,19 @@ def test_nothing_fits_returns_the_least_infeasible_assessment() -> None:
     result = search(inputs("qwen-72b", "1xA100-80G"), trials=20)
     assert not result.best.fits and result.feasible_trials == 0
     assert result.best.total_excess > 0
+
+
+def test_a_structural_impasse_reports_the_rule_no_knob_mends() -> None:
+    """Every point breaks the model's positions: the report stays inside the space (no verl rollout TP 2 on
+    one GPU) and names the positions rule, and the verdict does not claim shorter responses were tried."""
+    workload = Workload(prompt_len_tokens=1024, response_len_tokens=40_000)
+    result = search(inputs("qwen2.5-0.5b", "1xH100", workload=workload), trials=8)
+    broken = [c.rule for c in violations(result.best.checks)]
+    assert result.best.knobs.rollout_tp == 1 and "rollout.world_divisible_by_tp" not in broken
+    assert broken[0] == "context.max_position"
+    assert "31744" in violations(result.best.checks)[0].message
+    verdict = verdict_of(inputs("qwen2.5-0.5b", "1xH100", workload=workload), result.best)
+    assert verdict.kind == "does_not_fit" and "shortest" not in verdict.message
 
 
 GRID_INPUTS = dict(
