@@ -280,9 +280,10 @@ class Knobs(Frozen):
     )
     vllm_memory: VllmMemory = Field(
         default="instance",
-        description="What gpu_memory_utilization × device memory bounds: 'instance' (vLLM >= 0.9: the engine's own "
-        "memory, measured from its start) or 'device' (vLLM <= 0.8, V0 and V1 alike: everything on the GPU when the "
-        "engine profiles, the trainer's resident memory included, so the KV cache gets what is left).",
+        description="What gpu_memory_utilization × device memory bounds: 'instance' (vLLM >= 0.9, and the V0 engine "
+        "of vLLM 0.7-0.8: the engine's own memory, measured from its start) or 'device' (the V1 engine of vLLM "
+        "0.7-0.8: everything on the GPU when the engine profiles, the trainer's resident memory included, so the KV "
+        "cache gets what is left). memory/vllm_budget.py cites the code of each.",
     )
     allocator: AllocatorSetting = Field(
         default="expandable",

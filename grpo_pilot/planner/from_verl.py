@@ -31,6 +31,7 @@ from pydantic import Field
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.adapters import AdapterSettings, refuse, show, verl_adapter
+from grpo_pilot.planner.memory.vllm_budget import VLLM_DEFAULT_MAX_NUM_SEQS
 from grpo_pilot.planner.shell_words import read_script
 from grpo_pilot.planner.verl_batches import BatchSettings, micro_batches
 from grpo_pilot.planner.verl_families import (
@@ -338,6 +339,7 @@ def verl_launch(
     divisor = megatron_data_parallel_divisor(v) if megatron else None
     batches = micro_batches(_batch_settings(v, nnodes * per_node, divisor), win, notes)
     knobs = {**_knobs(v, env, batches, notes), **allocator_knobs(env, win, notes)}
+    knobs["max_num_seqs"] = engine_max_num_seqs(knobs, win, notes)
     knobs.update(_family_knobs(v, megatron, adapter is not None, notes))
     workload = {
         "prompts_per_step": batches.prompts_per_step,
@@ -515,6 +517,28 @@ def allocator_knobs(env: Mapping[str, str], win: VerlWindow, notes: list[str]) -
                 + (f" (or set {EXPANDABLE_ENV})" if knob == "allocator" else "")
             )
     return out
+
+
+def engine_max_num_seqs(knobs: Mapping[str, Any], win: VerlWindow, notes: list[str]) -> int:
+    """The max_num_seqs the vLLM engine runs with: rollout.max_num_seqs since verl passes it (#2960), vLLM's own
+    default before (`verl_versions.CHANGES` "max_num_seqs_passed"); where the window straddles, the key with a
+    note."""
+    value = int(knobs["max_num_seqs"])
+    if knobs["rollout_backend"] != "vllm":
+        return value
+    change = next(c for c in CHANGES if c.name == "max_num_seqs_passed")
+    engine_default = VLLM_DEFAULT_MAX_NUM_SEQS[str(knobs["vllm_engine"])]
+    side = win.side(change)
+    if side == "before":
+        notes.append(f"max_num_seqs = {engine_default}: vLLM's default, not the key's {value} ({change.what})")
+        return engine_default
+    if side is None and value != engine_default and (win.after is None or win.after < change.at):
+        notes.append(
+            f"max_num_seqs planned at the key's {value}; verl before {change.at[:10]} ({change.source}): "
+            f"{change.what} ({engine_default}) — if the launch's verl is older, pass --override "
+            f"{VERSION_WORD}=<release or date>"
+        )
+    return value
 
 
 _ENV_WORD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)

@@ -77,6 +77,17 @@ class Overheads(Frozen):
         # activation peaks logged for 7–8B models (memory-model.md §3).
         description="Bytes per request per vocabulary entry in vLLM's sampler profile run.",
     )
+    vllm_v0_sampler_bytes_per_vocab_entry: int = Field(
+        default=32,
+        ge=0,
+        # vLLM's V0 engine profiles max_num_seqs prompts sampled with top_p=0.99, top_k=V-1
+        # (vllm/worker/model_runner.py `_dummy_run`, v0.8.3); its peak is inside
+        # model_executor/layers/sampler.py `_apply_top_k_top_p` (v0.8.3), where these [seqs, V] tensors are
+        # alive at once: the bf16 logits the model runner holds (2), their fp32 copy (4), the sorted values
+        # (4) and int64 indices (8), the top-k mask (bool, 1), the sorted softmax (4), its cumsum (4), the
+        # top-p mask (1) and the re-scattered fp32 logits (4) = 32 bytes per vocab entry per sequence.
+        description="Bytes per sequence per vocabulary entry in the sampler profile run of vLLM's V0 engine.",
+    )
     vllm_cuda_graph_bytes_per_graph: int = Field(
         default=4 * MiB,
         ge=0,

@@ -105,6 +105,16 @@ CHANGES: tuple[Change, ...] = (
         "rollout.enforce_eager defaulted to True (rollout.yaml@ff6978c14^ line 35): no CUDA graphs",
     ),
     Change(
+        "max_num_seqs_passed",
+        "2025-08-08T22:55",
+        "verl beb624610 (#2960)",
+        None,
+        False,
+        True,
+        "rollout.max_num_seqs was not passed to vLLM (vllm_rollout_spmd.py@beb624610^ line 180 LLM(...), "
+        "vllm_async_server.py likewise): the engine ran at vLLM's own default",
+    ),
+    Change(
         "expandable_segments",
         "2025-08-13T07:59",
         "verl e6843cc82 (#3020)",

@@ -75,8 +75,8 @@ def test_nxcpu_workers_share_the_host_ram_and_shard_like_fsdp(spec_of) -> None:
 
 
 def test_vllm_memory_device_counts_the_trainer_against_the_budget(spec_of, cluster_of) -> None:
-    """vLLM <= 0.8 sizes its KV cache from everything on the GPU at profile time (the actor's sharded
-    parameters and the process overheads included); >= 0.9 from its own memory only."""
+    """vLLM 0.7-0.8's V1 engine sizes its KV cache from everything on the GPU at profile time (the actor's
+    sharded parameters and the process overheads included); >= 0.9 (and V0) from its own memory only."""
     args = (spec_of("qwen2.5-7b"), cluster_of("4xA6000"), Workload(), Knobs(rollout_tp=2, gpu_memory_utilization=0.6))
     inst = estimate_memory(*args, target="verl")
     dev = estimate_memory(*args[:3], args[3].model_copy(update={"vllm_memory": "device"}), target="verl")

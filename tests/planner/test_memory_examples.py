@@ -125,6 +125,18 @@ def test_vllm_budget_qwen25_7b_util_half_on_a100(spec_of, cluster_of) -> None:
     assert sum(v for k, v in rollout.items() if k.startswith("vllm_")) == budget
 
 
+def test_vllm_v0_profiles_its_top_k_top_p_sampler_at_32_bytes_per_entry(spec_of, cluster_of) -> None:
+    """V0's profile run samples max_num_seqs prompts through `_apply_top_k_top_p` (Overheads
+    vllm_v0_sampler_bytes_per_vocab_entry); V1's dummy sampler run keeps its 20 bytes."""
+    args = (spec_of("qwen2.5-7b"), cluster_of("8xA100-80G"), Workload())
+    knobs = Knobs(max_num_seqs=256, max_num_batched_tokens=1536, enforce_eager=True)
+    v1 = estimate_memory(*args, knobs).phases["rollout"].items
+    v0 = estimate_memory(*args, knobs.model_copy(update={"vllm_engine": "v0"})).phases["rollout"].items
+    assert v1["vllm_activation_peak"] == 256 * V_QWEN25 * 20 == 778_567_680
+    assert v0["vllm_activation_peak"] == 256 * V_QWEN25 * 32 == 1_245_708_288
+    assert v1["vllm_kv_cache"] - v0["vllm_kv_cache"] == 256 * V_QWEN25 * 12
+
+
 def test_activation_bytes_per_token_per_layer(spec_of) -> None:
     s = spec_of("qwen2.5-7b")
     # 16h + 4·q_dim + 4·kv_dim + 8I + 4a + 8 = 57,344 + 14,336 + 2,048 + 151,552 + 112 + 8: k and v at the

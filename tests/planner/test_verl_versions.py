@@ -152,3 +152,19 @@ def test_the_allocator_and_cache_releases_follow_the_verl_version() -> None:
     assert (
         verl_launch(LOGIC_RL, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}).knobs["allocator"] == "default"
     )
+
+
+def test_verl_before_2960_runs_vllm_at_its_default_max_num_seqs() -> None:
+    """verl passed rollout.max_num_seqs to vLLM only from beb624610 (#2960): before, V0 ran at 256 and V1 at
+    1024 (vLLM 0.8.3 arg_utils), whatever the key said; a window that straddles keeps the key, with a note."""
+    keys = {k: v for k, v in LOGIC_RL.items() if "grad_offload" not in k}
+    keys |= {A + "actor.ppo_mini_batch_size": "8", A + "rollout.max_num_seqs": "512"}
+    old_v0 = verl_launch(keys, {"VLLM_ATTENTION_BACKEND": "XFORMERS"}, version="0.4.1")
+    assert old_v0.knobs["vllm_engine"] == "v0" and old_v0.knobs["max_num_seqs"] == 256
+    assert any("max_num_seqs = 256: vLLM's default, not the key's 512" in n for n in old_v0.notes)
+    assert verl_launch(keys, version="0.4.1").knobs["max_num_seqs"] == 1024  # V1
+    assert verl_launch(keys, version="0.6.0").knobs["max_num_seqs"] == 512  # passed since #2960
+    # entropy_checkpointing dates the verl after 2025-06-11 only: the window straddles #2960
+    straddling = verl_launch(keys | {A + "actor.entropy_checkpointing": "False"})
+    assert straddling.knobs["max_num_seqs"] == 512
+    assert any("max_num_seqs planned at the key's 512" in n and "#2960" in n for n in straddling.notes)

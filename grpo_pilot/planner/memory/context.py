@@ -191,6 +191,7 @@ def rollout_engine(
         max_num_seqs=knobs.max_num_seqs,
         cuda_graphs=device.cuda_graphs and not knobs.enforce_eager,
         non_torch_buffers=device.caching_allocator,
+        engine=knobs.vllm_engine,
     )
     return vllm_budget(
         model=model,

@@ -1,15 +1,20 @@
 """The vLLM engine's memory: `gpu_memory_utilization × total device memory`, split into parts.
 
-vLLM ≥ 0.7 (V1 `Worker.determine_available_memory`) requests util × *total* memory regardless of
-what other processes (our trainer) hold, then subtracts what its profile run consumed; the rest is
-KV cache. From vLLM 0.21 the CUDA-graph estimate is inside the budget too. Per GPU of a t-way
-tensor-parallel replica:
+vLLM requests util × *total* memory, then subtracts what its profile run consumed; the rest is KV
+cache. What "consumed" covers is the `vllm_memory` knob (planner/config.py): the V1 engine of vLLM 0.7–0.8
+(v1/worker/gpu_worker.py `determine_available_memory`, v0.8.3) subtracts the process-wide torch peak and
+every non-torch byte on the device, so the trainer sharing the GPU counts ('device'); vLLM >= 0.9's V1 and
+the V0 engine of vLLM 0.7–0.8 (vllm/worker/worker.py `determine_num_available_blocks` and
+vllm/utils.py `memory_profiling`, v0.8.3: weights + the torch peak's increase during the profile run + the
+non-torch increase since the worker's init_device snapshot) count only the engine's own memory ('instance').
+From vLLM 0.21 the CUDA-graph estimate is inside the budget too. Per GPU of a t-way tensor-parallel replica:
 
 - weights        c · ceil(P / t)   (vocab-parallel embedding / lm_head are split as well)
 - activations    peak of the profile run: max(forward of max_num_batched_tokens tokens, sampler run)
     forward per token: residual + normed hidden (2·c·h), qkv (c·(q+2kv)/t), attention output
     (c·q/t), gate_up + SiLU·up (3·c·I/t); one layer at a time, nothing saved.
-    sampler: min(max_num_seqs, max_num_batched_tokens) requests × V × sampler bytes per entry.
+    sampler: min(max_num_seqs, max_num_batched_tokens) requests × V × sampler bytes per entry (V1's
+    `_dummy_sampler_run`, or V0's profile prompts through its top-k/top-p sampler: `Overheads`).
 - non-torch      NCCL / custom all-reduce / workspaces, growing with t (0 on cpu)
 - CUDA graphs    graph modes × number of capture sizes × bytes per graph + the largest capture's
                  activations (0 with enforce_eager, and on cpu). Capture sizes follow
@@ -28,6 +33,10 @@ from grpo_pilot.planner.overheads import Overheads
 from grpo_pilot.profiles.spec import ModelSpec
 
 VLLM_DEFAULT_MAX_CAPTURE_SIZE = 512  # vllm/config/vllm.py default_max_graph_size (1024 on Blackwell)
+# vLLM's max_num_seqs when the caller leaves it unset (vllm/engine/arg_utils.py v0.8.3: `_set_default_args_v0`
+# 256, as EngineArgs.max_num_seqs in verl's vendored vLLM 0.5.4 (third_party/vllm/vllm_v_0_5_4/arg_utils.py
+# line 87); `_set_default_args_v1` 1024)
+VLLM_DEFAULT_MAX_NUM_SEQS = {"v0": 256, "v1": 1024}
 
 
 class VllmBudget(NamedTuple):
@@ -70,6 +79,7 @@ class VllmSettings(NamedTuple):
     max_num_seqs: int
     cuda_graphs: bool  # captured (a GPU and not enforce_eager)
     non_torch_buffers: bool  # NCCL / workspaces outside torch (a GPU)
+    engine: str = "v1"  # 'v0' profiles its sampler differently (Overheads.vllm_v0_sampler_bytes_per_vocab_entry)
 
 
 def vllm_budget(
@@ -84,10 +94,11 @@ def vllm_budget(
     """Split one GPU's vLLM budget into weights, activation peak, buffers, graphs and KV cache.
 
     `weight_bytes`: bytes per weight (and KV) element. `preexisting_bytes`: memory already in use on the
-    GPU when the engine profiles, which vLLM <= 0.8 counts against the same budget
-    (worker.determine_num_available_blocks / v1 gpu_worker.determine_available_memory: KV = total ×
-    utilization − torch's process-wide allocated peak − every non-torch allocation on the device); 0 for
-    vLLM >= 0.9, whose memory_profiling measures only the engine's own increase from its start snapshot."""
+    GPU when the engine profiles, which the V1 engine of vLLM <= 0.8 counts against the same budget
+    (v1/worker/gpu_worker.py determine_available_memory: KV = total × utilization − torch's process-wide
+    allocated peak − every non-torch allocation on the device); 0 for vLLM >= 0.9 and for vLLM 0.7–0.8's V0
+    engine (module docstring), whose memory_profiling measures only the engine's own increase from its start
+    snapshot."""
     s, ov, t = settings, overheads, settings.tensor_parallel
     budget = int(s.utilization * device_bytes) - preexisting_bytes
     weights = -(-model.num_params // t) * weight_bytes
@@ -100,9 +111,10 @@ def vllm_budget(
         compute_bytes=weight_bytes,
     )
     sampler_reqs = min(s.max_num_seqs, s.max_num_batched_tokens)
-    activations = max(
-        s.max_num_batched_tokens * per_token, sampler_reqs * model.vocab_size * ov.vllm_sampler_bytes_per_vocab_entry
+    sampler_entry = (
+        ov.vllm_v0_sampler_bytes_per_vocab_entry if s.engine == "v0" else ov.vllm_sampler_bytes_per_vocab_entry
     )
+    activations = max(s.max_num_batched_tokens * per_token, sampler_reqs * model.vocab_size * sampler_entry)
     non_torch = 0
     if s.non_torch_buffers:
         non_torch = ov.vllm_non_torch_base_bytes + (t - 1) * ov.vllm_non_torch_per_extra_tp_rank_bytes

@@ -40,11 +40,6 @@ KNOWN_MISSES = {
         "logits-sized fp32 tensors saved for backward), which memory/logits.py's verl kernel (the compiled rmpad "
         "path) does not count: +5 to 8 GiB on the update"
     ),
-    "verl-tuning-qwen2.5-7b-grpo-lora-r32-1xH100": (
-        "ran at gpu_memory_utilization 0.2 (its MIN row); the vLLM budget of 15.9 GiB leaves no KV cache in the "
-        "plan (-0.5 GiB after 14.3 GiB of weights and LoRA slots, the 1.45 GiB sampler profile and the trainer's "
-        "CUDA context the 'device' pin counts): a boundary within 3 % of the budget"
-    ),
 }
 
 
