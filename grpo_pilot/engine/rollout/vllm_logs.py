@@ -24,7 +24,11 @@ The known-harmless kinds, with where vLLM 0.32 emits them and why they are harml
 - `global_seed`: "The global random seed is set to" (engine/arg_utils.py:1946): vLLM reseeds the process;
   `_preserve_process_state` restores every RNG state after start-up;
 - `ssm_cache`: "Reset SSM cache type to float32" (platforms/cpu.py:318): a Mamba setting, no Mamba here;
-- `reduce_op`: FutureWarning "`torch.distributed.reduce_op` is deprecated" (triton_utils/dispatcher.py:138).
+- `reduce_op`: FutureWarning "`torch.distributed.reduce_op` is deprecated" (triton_utils/dispatcher.py:138);
+- `numa_membind`: "NUMA binding: Using MEMBIND policy for memory allocation on the NUMA nodes" (the CPU
+  worker's `init_cpu_memory_env` in vLLM's C++ extension, a c10 warning written straight to the process's
+  stderr): it states the binding the CPU backend chose. Native lines like it are caught by
+  `capture_native_stderr` around the engine's start-up and pass through the same filter.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -52,6 +57,7 @@ HARMLESS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("global_seed", r"The global random seed is set to"),
         ("ssm_cache", r"Reset SSM cache type to float32"),
         ("reduce_op", r"`torch\.distributed\.reduce_op` is deprecated"),
+        ("numa_membind", r"NUMA binding: Using MEMBIND policy"),
     )
 )
 FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
@@ -132,3 +138,24 @@ def capture_warnings(log: VllmLog) -> Iterator[None]:
             log.log_line(f"warning {w.filename}:{w.lineno}: {text}", text, logging.WARNING)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+
+
+@contextlib.contextmanager
+def capture_native_stderr(log: VllmLog) -> Iterator[None]:
+    """The process's stderr (file descriptor 2: C++ warnings that bypass Python) goes to a temporary file while
+    the block runs; afterwards each line is passed to `log` (a harmless kind to the file once, the rest to the
+    console as before, only later). Python's own writes to stderr in the block are replayed the same way."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            for raw in sink.read().decode("utf-8", "replace").splitlines():
+                if raw.strip():
+                    log.log_line(raw, raw, logging.WARNING)
