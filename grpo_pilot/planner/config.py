@@ -28,7 +28,7 @@ RecomputeMethod = Literal["uniform", "block"]
 GenerationWeights = Literal["layer", "model"]
 HfDecode = Literal["auto", "eager", "static", "cuda_graph"]  # grpo_pilot/kernels.py HF_DECODE_MODES
 VllmEngine = Literal["v1", "v0"]
-VllmMemory = Literal["instance", "device"]
+VllmMemory = Literal["instance", "device", "free"]
 # The CUDA caching allocator's setting and where the executor empties its cache (planner/memory/allocator.py
 # models both; engine/device_memory.py puts them into effect in grpo-run).
 AllocatorSetting = Literal["expandable", "default"]
@@ -283,7 +283,10 @@ class Knobs(Frozen):
         description="What gpu_memory_utilization × device memory bounds: 'instance' (vLLM >= 0.9, and the V0 engine "
         "of vLLM 0.7-0.8: the engine's own memory, measured from its start) or 'device' (the V1 engine of vLLM "
         "0.7-0.8: everything on the GPU when the engine profiles, the trainer's resident memory included, so the KV "
-        "cache gets what is left). memory/vllm_budget.py cites the code of each.",
+        "cache gets what is left) or 'free' (verl's vendored vLLM 0.3.1-0.6.3 workers, verl before the SPMD rollout "
+        "or with vLLM <= 0.6.3 installed: the KV cache is the fraction gpu_memory_utilization of the memory still "
+        "free after the profile run, beside the trainer, the engine's weights and its profile peak). "
+        "memory/vllm_budget.py cites the code of each.",
     )
     allocator: AllocatorSetting = Field(
         default="expandable",

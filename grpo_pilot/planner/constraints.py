@@ -223,17 +223,27 @@ def memory_checks(
             if kv_excess <= 0
             else f"the rollout engine's KV cache holds {memory.kv_cache_tokens_per_gpu} tokens, less than one "
             f"{seq}-token request (raise gpu_memory_utilization or rollout_tp)"
-            + _kv_shortfall(kv_budget_bytes, device_bytes, knobs.gpu_memory_utilization)
+            + _kv_shortfall(
+                kv_budget_bytes, device_bytes, knobs.gpu_memory_utilization, of_free=knobs.vllm_memory == "free"
+            )
             + ".",
         )
     )
     return tuple(checks)
 
 
-def _kv_shortfall(kv_budget_bytes: int | None, device_bytes: int | None, utilization: float) -> str:
-    """'; the budget is X GiB short ... ≥ U' when the signed KV budget is negative (vLLM would refuse to start)."""
+def _kv_shortfall(
+    kv_budget_bytes: int | None, device_bytes: int | None, utilization: float, *, of_free: bool = False
+) -> str:
+    """'; the budget is X GiB short ... ≥ U' when the signed KV budget is negative (vLLM would refuse to start).
+    With vllm_memory=free the negative value is the memory the profile run lacks, which no utilization mends."""
     if kv_budget_bytes is None or device_bytes is None or kv_budget_bytes >= 0:
         return ""
+    if of_free:
+        return (
+            f"; the engine's weights, profile peak and buffers exceed the memory the trainer leaves free by "
+            f"{_gib(-kv_budget_bytes)}: no gpu_memory_utilization starts it (offload or shard the trainer's states)"
+        )
     needed = utilization + -kv_budget_bytes / device_bytes
     return (
         f"; the vLLM budget of {utilization:g} x {_gib(device_bytes)} is {_gib(-kv_budget_bytes)} short of its "

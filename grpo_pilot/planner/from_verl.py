@@ -43,7 +43,15 @@ from grpo_pilot.planner.verl_families import (
     megatron_knob_values,
     needs_critic,
 )
-from grpo_pilot.planner.verl_versions import CHANGES, VerlWindow, window
+from grpo_pilot.planner.verl_versions import (
+    BEFORE_V1_DEFAULT,
+    CHANGES,
+    VERSION_WORD,
+    VLLM_VERSION_WORD,
+    VerlWindow,
+    vllm_memory_of,
+    window,
+)
 
 ARR = "actor_rollout_ref."
 # verl's PPO entry point and the recipes built on it that take the same Hydra keys (recipe/dapo main_dapo)
@@ -54,7 +62,6 @@ MODEL_CONFIG_PREFIX = ARR + "model.override_config."
 ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"  # c10 CUDAAllocatorConfig reads it at the first CUDA allocation
 EXPANDABLE_ENV = f"{ALLOC_CONF_VAR}=expandable_segments:True"
 EXPANDABLE_SEGMENTS_TRUE = re.compile(r"(^|,)\s*expandable_segments\s*:\s*true\s*(,|$)", re.I)
-VERSION_WORD = "VERL_VERSION"  # an --override word that pins the verl release (verl_versions.parse_pin)
 
 
 def _override(word: str) -> tuple[str, str, str | None] | None:
@@ -340,6 +347,7 @@ def verl_launch(
     batches = micro_batches(_batch_settings(v, nnodes * per_node, divisor), win, notes)
     knobs = {**_knobs(v, env, batches, notes), **allocator_knobs(env, win, notes)}
     knobs["max_num_seqs"] = engine_max_num_seqs(knobs, win, notes)
+    knobs["vllm_memory"] = vllm_memory_of(knobs, env, win, notes)
     knobs.update(_family_knobs(v, megatron, adapter is not None, notes))
     workload = {
         "prompts_per_step": batches.prompts_per_step,
@@ -469,6 +477,9 @@ def _knobs(v: _Values, env: Mapping[str, str], batches: Any, notes: list[str]) -
     if str(env.get("VLLM_USE_V1", "")) == "0" or str(env.get("VLLM_ATTENTION_BACKEND", "")).upper() == "XFORMERS":
         engine = "v0"
         notes.append("vLLM V0 engine (VLLM_USE_V1=0 or VLLM_ATTENTION_BACKEND=XFORMERS, which V1 does not support)")
+    elif BEFORE_V1_DEFAULT.match(str(env.get(VLLM_VERSION_WORD, "")).strip()) and env.get("VLLM_USE_V1") != "1":
+        engine = "v0"
+        notes.append(f"vLLM V0 engine ({VLLM_VERSION_WORD}={env[VLLM_VERSION_WORD]}: V1 is the default from vLLM 0.8)")
     return {
         "rollout_tp": v.integer(ARR + "rollout.tensor_model_parallel_size"),
         "gpu_memory_utilization": v.number(ARR + "rollout.gpu_memory_utilization", low=0.0, high=1.0, low_open=True),
@@ -555,7 +566,8 @@ def read_verl(
 
     An extra word without a dot, `NAME=value`, is an environment variable set before the script runs
     (e.g. `VLLM_USE_V1=0` for a run on vLLM < 0.8, whose only engine is V0); the script's own
-    assignments and exports still win, as in bash. `VERL_VERSION=<release or date>` pins the verl."""
+    assignments and exports still win, as in bash. `VERL_VERSION=<release or date>` pins the verl;
+    `VLLM_VERSION=<version>` names the installed vLLM (its engine and `vllm_memory`)."""
     words = [w.strip() for w in extra_overrides or []]
     environment = {m.group(1): m.group(2) for m in map(_ENV_WORD.match, words) if m}
     version = environment.pop(VERSION_WORD, None)

@@ -85,7 +85,9 @@ class Overheads(Frozen):
         # model_executor/layers/sampler.py `_apply_top_k_top_p` (v0.8.3), where these [seqs, V] tensors are
         # alive at once: the bf16 logits the model runner holds (2), their fp32 copy (4), the sorted values
         # (4) and int64 indices (8), the top-k mask (bool, 1), the sorted softmax (4), its cumsum (4), the
-        # top-p mask (1) and the re-scattered fp32 logits (4) = 32 bytes per vocab entry per sequence.
+        # top-p mask (1) and the re-scattered fp32 logits (4) = 32 bytes per vocab entry per sequence. vLLM 0.6.3
+        # (the wheel's sources, under verl's vendored worker too: its ModelRunner overrides only load_model) has the
+        # same `_dummy_run` prompts, fp32 cast and `_apply_top_k_top_p`, FlashInfer's sampler off by default.
         description="Bytes per sequence per vocabulary entry in the sampler profile run of vLLM's V0 engine.",
     )
     vllm_cuda_graph_bytes_per_graph: int = Field(

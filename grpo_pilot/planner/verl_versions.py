@@ -4,7 +4,8 @@ A launch does not name its verl, but its keys date it: verl composes its config 
 mode, so a plain `key=value` runs only on a verl whose `ppo_trainer.yaml` has the key, and `+key=value`
 only on one that does not (Hydra refuses to add a key that exists). `KEY_EVIDENCE` lists keys whose
 addition or removal (volcengine/verl, commit and PR) bounds the verl: the launch's keys give a window of
-upstream commit times [after, before). `VERL_VERSION=<tag or date>` (an `--override` word) pins it.
+upstream commit times [after, before). `VERL_VERSION=<tag or date>` (an `--override` word) pins it;
+`VLLM_VERSION=<version>` names the installed vLLM, which picks verl's rollout worker (`vllm_memory_of`).
 
 `CHANGES` lists what changed at one upstream commit and changes memory or time; each is applied from the
 window: the old behaviour when the whole window is before the change, today's when it is after, and
@@ -15,11 +16,15 @@ Times are committer times in UTC, `YYYY-MM-DDTHH:MM` (volcengine/verl history, r
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from grpo_pilot.errors import InputError
 
 ARR = "actor_rollout_ref."
+VERSION_WORD = "VERL_VERSION"  # an --override word that pins the verl release (verl_versions.parse_pin)
+VLLM_VERSION_WORD = "VLLM_VERSION"  # an --override word naming the installed vLLM (e.g. 0.6.3)
+BEFORE_V1_DEFAULT = re.compile(r"^0\.[0-7]\.")  # vLLM 0.8.0 made V1 the default engine (0.7: VLLM_USE_V1=1 opt-in)
+_VENDORED_VLLM = re.compile(r"^0\.(3\.1|4\.2|5\.4|6\.3)(\+.*)?$")  # verl/third_party/vllm/__init__.py@v0.3.0.post1
 
 
 class Change(NamedTuple):
@@ -61,6 +66,19 @@ CHANGES: tuple[Change, ...] = (
         False,
         True,
         "critic.model.enable_gradient_checkpointing defaulted to False (ppo_trainer.yaml@9fca71d2c^ line 103)",
+    ),
+    Change(
+        "vllm_spmd",
+        "2025-02-14T16:17",
+        "verl f8b4d0857 (#209)",
+        None,
+        "free",
+        "instance",
+        "the rollout ran verl's vendored vLLM worker (verl/third_party/vllm/vllm_v_0_6_3/worker.py@v0.1 "
+        "determine_num_available_blocks, likewise for vLLM 0.3.1/0.4.2/0.5.4: the only vLLM versions that verl "
+        "took), whose KV cache is gpu_memory_utilization × the memory free after its profile run "
+        "(vllm_memory=free); since, vLLM >= 0.7 runs its own worker (0.7-0.8 V1: vllm_memory=device) while an "
+        "installed vLLM 0.6.3 still takes the vendored one until 52065c640 (#2257)",
     ),
     Change(
         "release_each_call",
@@ -246,3 +264,30 @@ def window(plain_keys: Iterable[str], added_keys: Iterable[str], pin: str | None
                     before = (ev.added[0], f"+{key.split('.')[-1]} predates verl {ev.added[1]}, which added it")
     reasons = tuple(r for r in (after[1] if after else None, before[1] if before else None) if r)
     return VerlWindow(after[0] if after else None, before[0] if before else None, reasons)
+
+
+def vllm_memory_of(knobs: Mapping[str, Any], env: Mapping[str, str], win: VerlWindow, notes: list[str]) -> str:
+    """What gpu_memory_utilization bounds (`Knobs.vllm_memory`): 'free' for verl's vendored vLLM workers (verl
+    before #209, or `VLLM_VERSION` 0.3.1/0.4.2/0.5.4/0.6.3 on a verl before #2257), 'device' for vLLM 0.7-0.8's
+    V1 engine, else 'instance' (memory/vllm_budget.py cites each)."""
+    change = next(c for c in CHANGES if c.name == "vllm_spmd")
+    installed = str(env.get(VLLM_VERSION_WORD, "")).strip()
+    if knobs["rollout_backend"] != "vllm":
+        return "instance"
+    if _VENDORED_VLLM.match(installed) or (not installed and win.side(change) == "before"):
+        why = f"{VLLM_VERSION_WORD}={installed}" if installed else f"verl before {change.source}"
+        notes.append(f"vllm_memory = free ({why}): {change.what}")
+        return "free"
+    if not installed and win.side(change) is None and (win.after is None or win.after < change.at):
+        notes.append(
+            f"vllm_memory planned as today's instance; verl before {change.at[:10]} ({change.source}), or any verl "
+            f"with vLLM <= 0.6.3 installed: {change.what} — pass --override {VLLM_VERSION_WORD}=<installed vLLM> (or "
+            f"{VERSION_WORD}=<release or date>)"
+        )
+    if re.match(r"^0\.[78]\.", installed) and knobs["vllm_engine"] == "v1":
+        notes.append(
+            f"vllm_memory = device ({VLLM_VERSION_WORD}={installed}, V1 engine): utilization × total minus everything "
+            "on the GPU when the engine profiles"
+        )
+        return "device"
+    return "instance"

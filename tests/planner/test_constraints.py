@@ -157,3 +157,22 @@ def test_kv_rule_states_the_budget_shortfall_and_the_utilisation_that_starts_vll
         if c.rule == "rollout.kv_cache"
     )
     assert roomy.ok and "short of" not in roomy.message
+
+
+def test_kv_rule_under_free_memory_says_no_utilisation_starts_vllm():
+    """vllm_memory=free (verl's vendored worker): a negative KV budget is memory the profile run lacks beside the
+    trainer; raising gpu_memory_utilization cannot mend it."""
+    from grpo_pilot.hardware import parse_cluster
+    from grpo_pilot.planner.estimate import rollout_kv_budget_bytes
+    from grpo_pilot.planner.evaluate import PlanInputs, assess, model_ref
+    from grpo_pilot.profiles import resolve_model
+
+    inputs = PlanInputs(
+        model=model_ref(resolve_model("qwen2.5-14b")), cluster=parse_cluster("1xA100-80G"), workload=Workload()
+    )
+    knobs = Knobs(rollout_tp=1, gpu_memory_utilization=0.9, vllm_memory="free")  # fp32 actor 59 GB + bf16 29.5 GB
+    kv = next(c for c in assess(inputs, knobs).checks if c.rule == "rollout.kv_cache")
+    signed = rollout_kv_budget_bytes(inputs.model.spec, inputs.cluster, inputs.workload, knobs)
+    assert not kv.ok and signed < 0
+    assert f"exceed the memory the trainer leaves free by {-signed / (1 << 30):.1f} GiB" in kv.message
+    assert "must exceed" not in kv.message

@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 from grpo_pilot.cli.plan import app
 from grpo_pilot.errors import InputError
 from grpo_pilot.planner.from_verl import read_verl, verl_launch
+from grpo_pilot.planner.memory.vllm_budget import VllmSettings, vllm_budget
+from grpo_pilot.planner.overheads import Overheads
 from grpo_pilot.planner.verl_versions import CHANGES, window
 from grpo_pilot.profiles import resolve_model
 from grpo_pilot.profiles.config_overrides import apply_config_overrides
@@ -168,3 +170,43 @@ def test_verl_before_2960_runs_vllm_at_its_default_max_num_seqs() -> None:
     straddling = verl_launch(keys | {A + "actor.entropy_checkpointing": "False"})
     assert straddling.knobs["max_num_seqs"] == 512
     assert any("max_num_seqs planned at the key's 512" in n and "#2960" in n for n in straddling.notes)
+
+
+def test_verl_before_209_or_vllm_063_sizes_the_kv_cache_of_free_memory() -> None:
+    """verl's vendored vLLM worker (third_party/vllm/vllm_v_0_6_3/worker.py) ran before f8b4d0857 (#209) and,
+    later, whenever vLLM 0.6.3 was installed: vllm_memory=free. vLLM 0.8 on V1 is 'device', V0 'instance'."""
+    keys = {k: v for k, v in LOGIC_RL.items() if "grad_offload" not in k} | {A + "actor.ppo_mini_batch_size": "8"}
+    assert verl_launch(LOGIC_RL, version="0.1").knobs["vllm_memory"] == "free"
+    assert verl_launch(keys, version="0.4.1").knobs["vllm_memory"] == "instance"
+    assert verl_launch(keys, {"VLLM_VERSION": "0.6.3"}, version="0.4.1").knobs["vllm_memory"] == "free"
+    assert verl_launch(keys, {"VLLM_VERSION": "0.6.3+rocm624"}, version="0.4.1").knobs["vllm_memory"] == "free"
+    assert verl_launch(keys, {"VLLM_VERSION": "0.8.3"}, version="0.4.1").knobs["vllm_memory"] == "device"
+    v0 = {"VLLM_VERSION": "0.8.3", "VLLM_USE_V1": "0"}
+    assert verl_launch(keys, v0, version="0.4.1").knobs["vllm_memory"] == "instance"
+
+
+def test_vendored_worker_takes_utilization_of_the_memory_left_free() -> None:
+    """KV = util × (device − trainer − weights − profile peak − non-torch); graphs stay outside it."""
+    model = resolve_model("qwen2.5-3b").spec
+    gib = 2**30
+    settings = VllmSettings(0.4, 1, 8192, 256, cuda_graphs=True, non_torch_buffers=True, engine="v0", of_free=True)
+    b = vllm_budget(
+        model=model,
+        settings=settings,
+        device_bytes=80 * gib,
+        weight_bytes=2,
+        overheads=Overheads(),
+        preexisting_bytes=20 * gib,
+    )
+    free = 80 * gib - 20 * gib - b.weights_bytes - b.activation_bytes - b.non_torch_bytes
+    assert b.kv_signed_bytes == int(0.4 * free) and b.cuda_graph_bytes > 0
+    total = vllm_budget(
+        model=model,
+        settings=settings._replace(of_free=False),
+        device_bytes=80 * gib,
+        weight_bytes=2,
+        overheads=Overheads(),
+        preexisting_bytes=20 * gib,
+    )
+    own = b.weights_bytes + b.activation_bytes + b.non_torch_bytes + b.cuda_graph_bytes
+    assert total.kv_signed_bytes == int(0.4 * 80 * gib) - 20 * gib - own

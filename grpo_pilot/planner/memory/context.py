@@ -91,16 +91,26 @@ def engine_start_resident_bytes(
     trainer_overheads: dict[str, int],
     split: bool,
     critic_bytes: int = 0,
+    ref_bytes: int = 0,
 ) -> int:
     """Trainer memory on a colocated GPU when the vLLM engine profiles (counted against its budget when
-    knobs.vllm_memory == 'device'): the actor's sharded parameters unless offloaded (verl fsdp_workers
+    knobs.vllm_memory is 'device' or 'free'): the actor's sharded parameters unless offloaded (verl fsdp_workers
     .init_model builds and, with param_offload, offloads the actor before _build_rollout; optimizer states
     are created lazily at the first step; the reference model is built after the rollout) and the
     process's CUDA context, cuBLAS workspace and NCCL buffers. SGLang measures the memory free at its start
     whatever its version (memory/sglang_budget.py), so for it these always count; a PPO critic is built
-    before the rollout too (`critic_plan.critic_engine_start_bytes`)."""
-    if (knobs.vllm_memory != "device" and knobs.rollout_backend != "sglang") or split:
+    before the rollout too (`critic_plan.critic_engine_start_bytes`).
+
+    With 'free' (verl's vendored vLLM <= 0.6.3 workers, verl before 0fb0bedb7 (#1118, 2025-04-28)) param_offload
+    moved only the actor's gradients off the GPU at init (fsdp_workers.py@v0.2 init_model: `offload_fsdp_grad`,
+    'param is require during state_dict in sharding manager'; Jiayi-Pan/TinyZero@95df88f the same), so the
+    actor's parameters count whatever the key; and the reference worker group is initialised before the actor's
+    (ray_trainer.py@v0.1 init_workers), its shard on the GPU unless ref param_offload moved it at init
+    (`ref_bytes`: 0 without a reference model or with ref offload)."""
+    if (knobs.vllm_memory == "instance" and knobs.rollout_backend != "sglang") or split:
         return 0
+    if knobs.vllm_memory == "free" and knobs.rollout_backend == "vllm":
+        return master_bytes + ref_bytes + sum(trainer_overheads.values()) + critic_bytes
     return (0 if param_offload else master_bytes) + sum(trainer_overheads.values()) + critic_bytes
 
 
@@ -192,6 +202,7 @@ def rollout_engine(
         cuda_graphs=device.cuda_graphs and not knobs.enforce_eager,
         non_torch_buffers=device.caching_allocator,
         engine=knobs.vllm_engine,
+        of_free=knobs.vllm_memory == "free",
     )
     return vllm_budget(
         model=model,
@@ -230,6 +241,7 @@ def _rollout_budget(
     split: bool,
     held_bytes: int,
     fam: FamilyParts,
+    ref_bytes: int = 0,
 ) -> VllmBudget | None:
     """The rollout engine's budget beside what the trainer holds when it starts (the actor's parameters unless
     offloaded, a PPO critic's) and vLLM's LoRA slots inside it (memory/family_parts.py)."""
@@ -240,6 +252,7 @@ def _rollout_budget(
         trainer_overheads=trainer_overheads,
         split=split,
         critic_bytes=critic_engine_start_bytes(fam.critic),
+        ref_bytes=ref_bytes,
     )
     engine = rollout_engine(
         model,
@@ -371,6 +384,7 @@ def _rollout_side(
         # the actor's parameters at the engine's start
         held_bytes=held.states.master_bytes + held.states.frozen_base_bytes,
         fam=held.fam,
+        ref_bytes=0 if knobs.ref_param_offload and device.offload_meaningful else held.states.ref_bytes,
     )
     leftovers = rollout_leftovers(budget, executor, lay.split, knobs.rollout_backend)
     return _RolloutSide(trainer_oh, rollout_oh, budget, leftovers)

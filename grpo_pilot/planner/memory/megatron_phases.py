@@ -149,7 +149,7 @@ def _resident(ctx: MemoryContext, stage: _Stage, phase: str) -> dict[str, int]:
 def _engine_budget(ctx: MemoryContext, first: _Stage) -> VllmBudget | None:
     """The rollout engine's budget with what the Megatron trainer holds when it starts (module docstring)."""
     k = ctx.knobs
-    counts = not ctx.layout.split and (k.vllm_memory == "device" or k.rollout_backend == "sglang")
+    counts = not ctx.layout.split and (k.vllm_memory != "instance" or k.rollout_backend == "sglang")
     held = 0 if ctx.param_offload else first.states.params_bytes + first.states.grads_bytes
     preexisting = held + sum(ctx.trainer_overheads.values()) if counts else 0
     return rollout_engine(

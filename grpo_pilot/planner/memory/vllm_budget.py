@@ -7,7 +7,18 @@ every non-torch byte on the device, so the trainer sharing the GPU counts ('devi
 the V0 engine of vLLM 0.7–0.8 (vllm/worker/worker.py `determine_num_available_blocks` and
 vllm/utils.py `memory_profiling`, v0.8.3: weights + the torch peak's increase during the profile run + the
 non-torch increase since the worker's init_device snapshot) count only the engine's own memory ('instance').
-From vLLM 0.21 the CUDA-graph estimate is inside the budget too. Per GPU of a t-way tensor-parallel replica:
+From vLLM 0.21 the CUDA-graph estimate is inside the budget too. verl's own vendored workers for vLLM 0.3.1,
+0.4.2, 0.5.4 and 0.6.3 ('free'; verl/third_party/vllm/vllm_v_0_6_3/worker.py `determine_num_available_blocks`,
+volcengine/verl v0.1–v0.4.1, and the same lines in vllm_v_0_3_1 `profile_num_available_blocks`, vllm_v_0_4_2,
+vllm_v_0_5_4) size it differently: after `torch.cuda.empty_cache()` and the profile run they read
+`torch.cuda.mem_get_info()` and take gpu_memory_utilization × the *free* memory (what the trainer, the engine's
+weights, the profile run's cached peak and every non-torch buffer left), the upstream formula commented out beside
+it. verl used them whenever the installed vLLM was one of those four (verl/third_party/vllm/__init__.py), the only
+choice before f8b4d0857 (#209, 2025-02-15) added vLLM >= 0.7's own worker; #2257 (52065c640, 2025-06-29)
+dropped them. The count is fixed at the engine's build (`cache_config.num_gpu_blocks`): with
+rollout.free_cache_engine each rollout re-allocates the same blocks (vllm_rollout.py generate_sequences
+`init_cache_engine`), beside whatever the trainer holds by then. CUDA graphs are captured after the cache, outside
+it. Per GPU of a t-way tensor-parallel replica:
 
 - weights        c · ceil(P / t)   (vocab-parallel embedding / lm_head are split as well)
 - activations    peak of the profile run: max(forward of max_num_batched_tokens tokens, sampler run)
@@ -80,6 +91,7 @@ class VllmSettings(NamedTuple):
     cuda_graphs: bool  # captured (a GPU and not enforce_eager)
     non_torch_buffers: bool  # NCCL / workspaces outside torch (a GPU)
     engine: str = "v1"  # 'v0' profiles its sampler differently (Overheads.vllm_v0_sampler_bytes_per_vocab_entry)
+    of_free: bool = False  # verl's vendored worker: utilization × the memory free after the profile (docstring)
 
 
 def vllm_budget(
@@ -98,9 +110,9 @@ def vllm_budget(
     (v1/worker/gpu_worker.py determine_available_memory: KV = total × utilization − torch's process-wide
     allocated peak − every non-torch allocation on the device); 0 for vLLM >= 0.9 and for vLLM 0.7–0.8's V0
     engine (module docstring), whose memory_profiling measures only the engine's own increase from its start
-    snapshot."""
+    snapshot. With `settings.of_free` (verl's vendored workers, module docstring) the KV cache is utilization ×
+    (device − preexisting − weights − activation peak − non-torch) and the budget is what the engine then holds."""
     s, ov, t = settings, overheads, settings.tensor_parallel
-    budget = int(s.utilization * device_bytes) - preexisting_bytes
     weights = -(-model.num_params // t) * weight_bytes
     per_token = forward_bytes_per_token(
         hidden=model.hidden_size,
@@ -122,5 +134,10 @@ def vllm_budget(
     if s.cuda_graphs:
         num_sizes, largest = capture_sizes(s.max_num_seqs, s.max_num_batched_tokens)
         graphs = ov.vllm_cuda_graph_modes * num_sizes * ov.vllm_cuda_graph_bytes_per_graph + largest * per_token
+    if s.of_free:
+        free = device_bytes - preexisting_bytes - weights - activations - non_torch
+        kv = int(s.utilization * free) if free > 0 else free  # negative: the profile run itself does not fit
+        return VllmBudget(weights + activations + non_torch + max(0, kv), weights, activations, non_torch, graphs, kv)
+    budget = int(s.utilization * device_bytes) - preexisting_bytes
     kv = budget - weights - activations - non_torch - graphs
     return VllmBudget(budget, weights, activations, non_torch, graphs, kv)
