@@ -243,6 +243,11 @@ class Knobs(Frozen):
     fused_logprob: bool = Field(
         default=False, description="Chunked/fused log-prob kernel: never materialises full-vocab logits."
     )
+    remove_padding: bool = Field(
+        default=True,
+        description="verl model.use_remove_padding (verl only; the search never moves it): False pads every row "
+        "and computes log-probs and entropy eagerly on the padded logits (memory/logits.py, the padded path).",
+    )
     enforce_eager: bool = Field(
         default=False, description="vLLM without CUDA graphs (saves graph memory, slower decode)."
     )

@@ -480,6 +480,7 @@ def _knobs(v: _Values, env: Mapping[str, str], batches: Any, notes: list[str]) -
         "ulysses_sp": batches.sp,
         "fsdp_size": _fsdp_size(v.get(ARR + "actor.fsdp_config.fsdp_size")),
         "fused_logprob": v.flag(ARR + "model.use_fused_kernels"),
+        "remove_padding": v.flag(ARR + "model.use_remove_padding"),
         "enforce_eager": v.flag(ARR + "rollout.enforce_eager"),
         "max_num_seqs": v.integer(ARR + "rollout.max_num_seqs"),
         "max_num_batched_tokens": v.integer(ARR + "rollout.max_num_batched_tokens"),

@@ -42,7 +42,7 @@ def test_keys_date_the_verl_and_old_defaults_apply() -> None:
     launch = verl_launch(LOGIC_RL)
     assert launch.workload["entropy_coeff"] == 0.001  # verl before 25b0f2262 (#1100)
     assert launch.knobs["enforce_eager"] is True  # before ff6978c14 (#2956)
-    assert launch.remove_padding is False  # before 561752996 (#4461)
+    assert launch.remove_padding is False and launch.knobs["remove_padding"] is False  # before 561752996 (#4461)
     # the mini-batch above the batch is one mini-batch of the whole batch (not a refusal)
     assert launch.workload["mini_batch_prompts"] == 8 and any("exceeds train_batch_size" in n for n in launch.notes)
     # #136 (2025-01-27) lies inside the window: today's division, and the override that gives the old one

@@ -34,12 +34,6 @@ REFUSED = {
     "verl-qwen3moe-30b-a3b-megatron-96gb-8x8xH20": "Mixture-of-Experts model under Megatron is not modelled",
 }
 KNOWN_MISSES = {
-    "tinyzero-ppo-qwen2.5-3b-2xH100": (
-        "OOM on 2 H100, predicted to fit at 71.8 of 79.6 GiB: verl 0.1 without remove-padding computes the entropy "
-        "of the padded [B, R, V] logits eagerly under bf16 autocast (softmax and logsumexp in fp32: two more "
-        "logits-sized fp32 tensors saved for backward), which memory/logits.py's verl kernel (the compiled rmpad "
-        "path) does not count: +5 to 8 GiB on the update"
-    ),
     "verl-tuning-qwen2.5-7b-grpo-lora-r32-1xH100": (
         "ran at gpu_memory_utilization 0.2 (its MIN row); the vLLM budget of 15.9 GiB leaves no KV cache in the "
         "plan (-0.5 GiB after 14.3 GiB of weights and LoRA slots, the 1.45 GiB sampler profile and the trainer's "
