@@ -273,9 +273,10 @@ def _padded_response(ctx: MemoryContext, tokens: int) -> int | None:
 
 
 def _update_entropy(ctx: MemoryContext) -> str:
-    """The update's entropy: with a gradient for an entropy bonus, else as a metric where the executor
-    computes one anyway (memory/logits.py ENTROPY_MODES)."""
-    if ctx.workload.entropy_coeff > 0:
+    """The update's entropy: with a gradient for an entropy bonus (or in every update: verl before #1100,
+    `Knobs.entropy_every_pass`), else as a metric where the executor computes one anyway (memory/logits.py
+    ENTROPY_MODES)."""
+    if ctx.workload.entropy_coeff > 0 or ctx.knobs.entropy_every_pass:
         return "grad"
     return "metric" if ctx.executor.update_entropy_metric else "none"
 
@@ -311,7 +312,8 @@ def log_prob_memory(ctx: MemoryContext) -> dict[str, int]:
     )
 
     def one_pass(ref_pass: bool) -> dict[str, int]:
-        entropy = "metric" if (ctx.executor.log_prob_entropy and not ref_pass) else "none"
+        every = ctx.knobs.entropy_every_pass  # verl before #1100: the reference pass computes it too
+        entropy = "metric" if (ctx.executor.log_prob_entropy and (every or not ref_pass)) else "none"
         casts = ctx.ref_cast_bytes if ref_pass else ctx.policy_cast_bytes
         work = log_prob_peak_items(
             root_gathered=ctx.root_gathered_bytes,

@@ -337,6 +337,8 @@ def verl_launch(
     divisor = megatron_data_parallel_divisor(v) if megatron else None
     batches = micro_batches(_batch_settings(v, nnodes * per_node, divisor), win, notes)
     knobs = {**_knobs(v, env, batches, notes), **allocator_knobs(env, win, notes)}
+    # verl before 25b0f2262 (#1100): dp_actor._forward_micro_batch computes the entropy in every pass
+    knobs["entropy_every_pass"] = win.side(next(c for c in CHANGES if c.name == "entropy")) == "before"
     knobs.update(_family_knobs(v, megatron, adapter is not None, notes))
     workload = {
         "prompts_per_step": batches.prompts_per_step,
@@ -422,7 +424,7 @@ def _entropy(v: _Values, win: VerlWindow, notes: list[str]) -> float:
     if coeff == 0.0 and win.side(entropy_change) == "before":
         notes.append(
             "entropy_coeff=0, but this verl computes the entropy in every update anyway "
-            f"(before {entropy_change.source}): not planned (the planner adds it only for a coefficient > 0)"
+            f"(before {entropy_change.source}): planned with its gradient (entropy_every_pass)"
         )
     return coeff
 

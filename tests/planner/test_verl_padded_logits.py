@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_pilot.engine.profiling import _tensor_tracker_class
-from grpo_pilot.planner.config import Knobs
+from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.memory.logits import logits_block_bytes, logprob_logits_bytes
 from grpo_pilot.planner.traits import traits_for
 
@@ -112,3 +112,15 @@ def test_a_padded_launch_has_no_length_boundary() -> None:
     assert plan["knobs"]["remove_padding"] is False
     assert plan["verdict"]["kind"] == "does_not_fit" and plan["verdict"]["boundary_mean_response_tokens"] is None
     assert "use_remove_padding=False" in plan["verdict"]["message"]
+
+
+def test_verl_before_1100_differentiates_through_the_entropy_even_at_coefficient_zero(est) -> None:
+    """dp_actor before 25b0f2262 (#1100) builds `pg_loss - entropy_loss * entropy_coeff` in every update: a
+    coefficient of 0 still runs the entropy's backward. Padded, no checkpointing, so the logits bind."""
+    w = Workload(entropy_coeff=0.0, prompt_len_tokens=256, response_len_tokens=1024)
+    knobs = {"remove_padding": False, "gradient_checkpointing": False, "micro_batch_size_per_gpu": 2}
+    today = est("qwen2.5-3b", "2xH100", target="verl", workload=w, **knobs).phases["update"].items["logits"]
+    old = est("qwen2.5-3b", "2xH100", target="verl", workload=w, entropy_every_pass=True, **knobs)
+    full, resp, vocab, h = 2 * 1280, 2 * 1024, 151936, 2048
+    assert today == (2 * full + 4 * resp) * vocab + 2 * full * h  # no entropy: logits, the copy and its gradient
+    assert old.phases["update"].items["logits"] == 28 * resp * vocab + 2 * full * h
