@@ -243,6 +243,17 @@ class Knobs(Frozen):
     fused_logprob: bool = Field(
         default=False, description="Chunked/fused log-prob kernel: never materialises full-vocab logits."
     )
+    remove_padding: bool = Field(
+        default=True,
+        description="verl model.use_remove_padding (verl only; the search never moves it): False pads every row "
+        "and computes log-probs and entropy eagerly on the padded logits (memory/logits.py, the padded path).",
+    )
+    entropy_every_pass: bool = Field(
+        default=False,
+        description="verl before 25b0f2262 (#1100) only (the search never moves it): every actor forward (update, "
+        "old log-prob, reference) computes the entropy, and the update back-propagates through it whatever "
+        "entropy_coeff (a coefficient of 0 scales a gradient that is still computed).",
+    )
     enforce_eager: bool = Field(
         default=False, description="vLLM without CUDA graphs (saves graph memory, slower decode)."
     )

@@ -114,11 +114,15 @@ def largest_blocks(ctx: MemoryContext) -> dict[str, int]:
     megatron = k.strategy == "megatron"  # vocab-parallel logits over TP, tokens split over CP
     vocab = -(-ctx.model.vocab_size // k.megatron_tp) if megatron else ctx.model.vocab_size
 
-    def block(tokens: int) -> int:
+    def block(tokens: int, entropy: bool) -> int:
         scored = -(-_scored(ctx, tokens) // k.megatron_cp) if megatron else _scored(ctx, tokens)
-        return logits_block_bytes(scored, vocab, c, kernel=kernel, fused=k.fused_logprob)
+        padded = _padded_response(ctx, tokens) if entropy and not megatron else None
+        return logits_block_bytes(scored, vocab, c, kernel=kernel, fused=k.fused_logprob, padded_response_tokens=padded)
 
-    return {"log_prob": block(ctx.log_prob_tokens), "update": block(ctx.update_tokens)}
+    return {
+        "log_prob": block(ctx.log_prob_tokens, ctx.executor.log_prob_entropy),
+        "update": block(ctx.update_tokens, _update_entropy(ctx) != "none"),
+    }
 
 
 def resident(ctx: MemoryContext, phase: str, ref_pass: bool = False) -> dict[str, int]:
@@ -260,6 +264,23 @@ def _scored(ctx: MemoryContext, tokens: int) -> int:
     return scored_tokens(tokens, ctx.response_share, ctx.executor.scores_all_positions)
 
 
+def _padded_response(ctx: MemoryContext, tokens: int) -> int | None:
+    """verl's padded path (`Knobs.remove_padding` False, memory/logits.py): the response positions of a
+    micro-batch of `tokens` padded positions, which its log-probs and entropy slice out; None otherwise."""
+    if ctx.knobs.remove_padding or ctx.executor.logits_kernel != "verl":
+        return None
+    return scored_tokens(tokens, ctx.response_share, scores_all_positions=False)
+
+
+def _update_entropy(ctx: MemoryContext) -> str:
+    """The update's entropy: with a gradient for an entropy bonus (or in every update: verl before #1100,
+    `Knobs.entropy_every_pass`), else as a metric where the executor computes one anyway (memory/logits.py
+    ENTROPY_MODES)."""
+    if ctx.workload.entropy_coeff > 0 or ctx.knobs.entropy_every_pass:
+        return "grad"
+    return "metric" if ctx.executor.update_entropy_metric else "none"
+
+
 def _fp32_head(ctx: MemoryContext) -> bool:
     """Our fused kernel under autocast: the LM head runs on the fp32 weight and hidden states (no cast)."""
     return ctx.autocast and ctx.knobs.fused_logprob and ctx.executor.logits_kernel == "ours"
@@ -277,6 +298,7 @@ def _logits_bytes(ctx: MemoryContext, tokens: int, *, training: bool, entropy: s
         training=training,
         fused=ctx.knobs.fused_logprob,
         entropy=entropy,
+        padded_response_tokens=_padded_response(ctx, tokens),
     )
     return max(0, full - lora_logits_savings(ctx, training=training))
 
@@ -290,7 +312,8 @@ def log_prob_memory(ctx: MemoryContext) -> dict[str, int]:
     )
 
     def one_pass(ref_pass: bool) -> dict[str, int]:
-        entropy = "metric" if (ctx.executor.log_prob_entropy and not ref_pass) else "none"
+        every = ctx.knobs.entropy_every_pass  # verl before #1100: the reference pass computes it too
+        entropy = "metric" if (ctx.executor.log_prob_entropy and (every or not ref_pass)) else "none"
         casts = ctx.ref_cast_bytes if ref_pass else ctx.policy_cast_bytes
         work = log_prob_peak_items(
             root_gathered=ctx.root_gathered_bytes,
@@ -374,13 +397,10 @@ def _update_activations(ctx: MemoryContext) -> _UpdateActivations:
 def update_memory(ctx: MemoryContext) -> dict[str, int]:
     """Update: the largest of the logits / layer-backward / root-reduce / optimizer moments. Under LoRA the
     embeddings and LM head are frozen: no root gradients, a layer's reduce-scatter carries its adapters."""
-    m, k, w, c, t = ctx.model, ctx.knobs, ctx.workload, ctx.precision.compute_bytes, ctx.update_tokens
+    m, k, c, t = ctx.model, ctx.knobs, ctx.precision.compute_bytes, ctx.update_tokens
     E, H = m.embedding_params, m.lm_head_params
     unsharded, frozen = not ctx.sharded, ctx.lora is not None
-    if w.entropy_coeff > 0:
-        entropy = "grad"
-    else:
-        entropy = "metric" if ctx.executor.update_entropy_metric else "none"
+    entropy = _update_entropy(ctx)
     root_grads, root_rs = root_grad_bytes(
         E, H, compute_bytes=c, reduce_bytes=ctx.precision.grad_bytes, unsharded=unsharded or frozen
     )

@@ -105,7 +105,7 @@ def verl_overrides(plan: Plan) -> tuple[tuple[str, str], ...]:
         ("data.truncation", "error"),
         ("actor_rollout_ref.model.path", _model_path(plan)),
         ("actor_rollout_ref.model.enable_gradient_checkpointing", _b(k.gradient_checkpointing)),
-        ("actor_rollout_ref.model.use_remove_padding", "True"),
+        ("actor_rollout_ref.model.use_remove_padding", _b(k.remove_padding)),
         ("actor_rollout_ref.model.use_fused_kernels", _b(k.fused_logprob)),
         ("actor_rollout_ref.actor.strategy", "fsdp2"),
         ("actor_rollout_ref.actor.ppo_mini_batch_size", str(w.mini_batch_prompts)),

@@ -348,6 +348,8 @@ def verl_launch(
     knobs = {**_knobs(v, env, batches, notes), **allocator_knobs(env, win, notes)}
     knobs["max_num_seqs"] = engine_max_num_seqs(knobs, win, notes)
     knobs["vllm_memory"] = vllm_memory_of(knobs, env, win, notes)
+    # verl before 25b0f2262 (#1100): dp_actor._forward_micro_batch computes the entropy in every pass
+    knobs["entropy_every_pass"] = win.side(next(c for c in CHANGES if c.name == "entropy")) == "before"
     knobs.update(_family_knobs(v, megatron, adapter is not None, notes))
     workload = {
         "prompts_per_step": batches.prompts_per_step,
@@ -433,7 +435,7 @@ def _entropy(v: _Values, win: VerlWindow, notes: list[str]) -> float:
     if coeff == 0.0 and win.side(entropy_change) == "before":
         notes.append(
             "entropy_coeff=0, but this verl computes the entropy in every update anyway "
-            f"(before {entropy_change.source}): not planned (the planner adds it only for a coefficient > 0)"
+            f"(before {entropy_change.source}): planned with its gradient (entropy_every_pass)"
         )
     return coeff
 
@@ -494,6 +496,7 @@ def _knobs(v: _Values, env: Mapping[str, str], batches: Any, notes: list[str]) -
         "ulysses_sp": batches.sp,
         "fsdp_size": _fsdp_size(v.get(ARR + "actor.fsdp_config.fsdp_size")),
         "fused_logprob": v.flag(ARR + "model.use_fused_kernels"),
+        "remove_padding": v.flag(ARR + "model.use_remove_padding"),
         "enforce_eager": v.flag(ARR + "rollout.enforce_eager"),
         "max_num_seqs": v.integer(ARR + "rollout.max_num_seqs"),
         "max_num_batched_tokens": v.integer(ARR + "rollout.max_num_batched_tokens"),

@@ -50,6 +50,8 @@ the executor behaviour it stands for and the source where it was read:
   HSDP `fsdp_size`); TRL's GRPOConfig has no
   reference offload (the reference stays on the GPU), no Ulysses SP, no log-prob kernel switch (its head
   is always fused), no vLLM eager switch and no scheduler caps (trl 1.16 GRPOConfig fields).
+  `remove_padding` (verl `model.use_remove_padding`) and `entropy_every_pass` (verl before #1100) are verl's
+  alone: our engine and TRL pad as `padding` says and compute entropy as `update_entropy_metric` says.
   The launch families' knobs (`FAMILY_KNOBS`: Megatron's parallel sizes and recompute, activation offload,
   the LoRA layered summon, the critic's offloads) exist only in verl; our engine and TRL miss them all.
   `hf_decode` (our static / CUDA-graph decode loop) exists only in our engine: verl's and TRL's HF rollout
@@ -141,7 +143,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         update_entropy_metric=True,
         ref_bytes=BF16_BYTES,
         logits_kernel="ours",
-        missing_knobs=frozenset({"ulysses_sp", "fsdp_size"}) | FAMILY_KNOBS,
+        missing_knobs=frozenset({"ulysses_sp", "fsdp_size", "remove_padding", "entropy_every_pass"}) | FAMILY_KNOBS,
         shares_prompts=True,
         fused_adamw_on_cpu=True,
     ),
@@ -188,6 +190,8 @@ TRAITS: dict[str, ExecutorTraits] = {
                 "max_num_seqs",
                 "max_num_batched_tokens",
                 "hf_decode",
+                "remove_padding",
+                "entropy_every_pass",
             }
         )
         | FAMILY_KNOBS,

@@ -10,7 +10,8 @@ judges). A user needs more than that boolean:
   maximum (the worst case). When that does not fit, the verdict says where the boundary lies: the largest
   mean response length (prompts kept at their maximum, spreads unknown and bounded as everywhere, see
   `lengths.py`) at which the same configuration fits — "fits while the mean response stays under N
-  tokens" — or that it does not fit even at the shortest responses.
+  tokens" — or that it does not fit even at the shortest responses. A verl launch without remove-padding
+  (`Knobs.remove_padding` False) pads every row to the maxima whatever the lengths: no boundary.
 - **does not fit** — a rule other than memory is broken, or no length makes it fit.
 
 Exit statuses of `grpo-plan` (errors.py): fits 0; tight and fits-below-a-boundary 4 (a conditional fit:
@@ -94,7 +95,8 @@ def verdict_of(inputs: PlanInputs, a: Assessment) -> Verdict:
             f"{inputs.device_bytes / GiB:.1f} GiB but inside the {inputs.reserved_bytes / GiB:.1f} GiB headroom "
             f"(usable {usable:.1f} GiB)",
         )
-    if not known and _memory_only(a) and inputs.workload.response_len_tokens > 1:
+    padded = not a.knobs.remove_padding  # every row at the maxima: shorter responses change nothing
+    if not known and not padded and _memory_only(a) and inputs.workload.response_len_tokens > 1:
         boundary = mean_response_boundary(inputs, a.knobs)
         if boundary is not None:
             return Verdict(
@@ -108,6 +110,8 @@ def verdict_of(inputs: PlanInputs, a: Assessment) -> Verdict:
             )
     # "even at the shortest responses" only where that was computed: memory alone binds, and no mean fits
     short = " even at the shortest responses" if not known and _memory_only(a) else ""
+    if padded:
+        short = " (use_remove_padding=False: every row is padded to the maxima, whatever the lengths)"
     return Verdict(
         kind="does_not_fit",
         lengths_known=known,

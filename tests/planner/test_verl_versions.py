@@ -43,8 +43,9 @@ def test_keys_date_the_verl_and_old_defaults_apply() -> None:
     assert (win.after, win.before) == ("2025-01-23T12:25", "2025-02-17T06:07")  # use_kl_loss .. grad_offload
     launch = verl_launch(LOGIC_RL)
     assert launch.workload["entropy_coeff"] == 0.001  # verl before 25b0f2262 (#1100)
+    assert launch.knobs["entropy_every_pass"] is True  # ... which computes it in every pass
     assert launch.knobs["enforce_eager"] is True  # before ff6978c14 (#2956)
-    assert launch.remove_padding is False  # before 561752996 (#4461)
+    assert launch.remove_padding is False and launch.knobs["remove_padding"] is False  # before 561752996 (#4461)
     # the mini-batch above the batch is one mini-batch of the whole batch (not a refusal)
     assert launch.workload["mini_batch_prompts"] == 8 and any("exceeds train_batch_size" in n for n in launch.notes)
     # #136 (2025-01-27) lies inside the window: today's division, and the override that gives the old one
@@ -61,6 +62,7 @@ def test_pinned_verl_before_136_multiplies_micro_batches_by_n() -> None:
     assert k["micro_batch_size_per_gpu"] == 32 and k["log_prob_micro_batch_size_per_gpu"] == 32
     newer = verl_launch(LOGIC_RL | {A + "actor.ppo_mini_batch_size": "8"}, version="0.4.1")
     assert newer.knobs["micro_batch_size_per_gpu"] == 16 and newer.workload["entropy_coeff"] == 0.0
+    assert newer.knobs["entropy_every_pass"] is False  # since #1100: only with a coefficient
     with pytest.raises(InputError, match="VERL_VERSION"):
         verl_launch(LOGIC_RL, version="latest")
     # a verl that validates the mini-batch (since 4d27461d0, #559) refuses to start

@@ -33,6 +33,32 @@ verl, unfused (volcengine/verl@b178a3cd5 verl/workers/actor/dp_actor.py `_forwar
   entropy backward's gradient). verl's old-log-prob pass computes entropy (compute_log_prob(
   calculate_entropy=True)), its update only when entropy_coeff != 0. Not traced (flash-attn kernels do
   not run on cpu).
+verl, padded (`model.use_remove_padding=False`, the knob `remove_padding`; dp_actor.py `_forward_micro_batch` "not
+  using rmpad" branch: Jiayi-Pan/TinyZero@b19c457 verl/workers/actor/dp_actor.py L122–137 (verl 0.1),
+  volcengine/verl@b178a3cd5 L346–375). The model returns the logits of every padded position [B, S, V] in the
+  compute dtype (bf16 autocast; transformers 4.45's Qwen2ForCausalLM still called `.float()` on them with "TODO:
+  remove the float() operation in v4.46", 4.46+ does not; TinyZero pins transformers<4.48 beside vllm 0.6.3's
+  >=4.45.2, which resolves to 4.47); they are divided by the temperature in place and sliced to the response [B, R,
+  V] (a view: the full tensor stays alive while any saved tensor views it). F = B·S·V, R = B·R·V elements.
+  Log-probs: flash-attn's cross-entropy on `reshape(-1, V)` of the view — a compute-dtype copy (c·R), saved, with a
+  gradient of its own in verl 0.1 (`cross_entropy_loss` default inplace_backward=False) and in place since. Entropy
+  (verl/utils/torch_functional.py `entropy_from_logits`: softmax, logsumexp, sum(pd·logits)) runs EAGERLY here (only
+  the rmpad branch goes through torch.compile), under CUDA autocast: softmax runs with dtype=float32 (its fp32
+  output pd saved), logsumexp is in autocast's fp32 list (the fp32 copy x of the logits is saved: logsumexp backward
+  needs its input), pd·logits promotes to fp32. Traced on cpu (the casts autocast makes on CUDA made explicit,
+  flash-attn's kernel replaced by an autograd function that saves the logits and the per-row lse:
+  engine/profiling.py LiveTensorBytes, bf16, V = 4096, S/R = 1.5–6; tests/planner/test_verl_padded_logits.py):
+  forward c·F + (c + 2·4 + x)·R (copy, pd, x, one fp32 temporary: the product, or logsumexp's own exp(x − max));
+  backward, in the order autograd runs it, the product's backward c·F + (2c + 3·4 + x)·R (two fp32 gradients and the
+  bf16 cast of one beside everything saved), then, with the full logits released, logsumexp's backward (2c + 5·4 +
+  x)·R (grad · exp(x − lse): three fp32 temporaries beside the saved pd, x, copy, the pending softmax gradient and
+  the view's bf16 gradient), and last the slice's zero-filled gradient beside the division's 2c·F. Bytes per
+  response element for bf16: 14 + 2·S/R forward, 20 + 2·S/R and 28 backward. Without a gradient (old-log-prob pass,
+  entropy as a metric): c·F + (2·4 + x)·R (pd, x, logsumexp's temporary; read, the temporary is inside logsumexp
+  where no dispatch trace sees it). Without entropy: the copy (c·R) and, training, its gradient (verl 0.1's; in
+  place since, so an upper bound by c·R) or the 2c·F slice moment. Entropy is computed in every update and log-prob
+  pass before verl 25b0f2262 (#1100), since only with entropy_coeff != 0 (or calculate_entropy); the planner asks
+  for it as `entropy` says.
 verl, fused (`use_fused_kernels`, FusedLinearForPPOFunction, chunk_size 512): per chunk element
   forward c + 12 (fp32 logits, log-probs, probs); backward c + 20 (fp32 logits, probs, log-probs,
   one-hot, dlogits and the cast back) plus the lm_head weight gradient (c·V·h).
@@ -80,6 +106,24 @@ def _verl_unfused(c: int, training: bool, entropy: str) -> int:
     return c
 
 
+def _verl_padded(*, tokens: int, response_tokens: int, vocab: int, c: int, training: bool, entropy: str) -> int:
+    """Peak bytes of verl's padded path on `tokens` padded positions, `response_tokens` of them the response
+    slice the log-probs and entropy run on (module docstring)."""
+    full, resp = tokens * vocab, min(response_tokens, tokens) * vocab
+    x = FP32 if c != FP32 else 0  # autocast's fp32 copy of the logits for logsumexp
+    if not training:
+        if entropy == "none":
+            return c * full + c * resp
+        return c * full + max(c * resp, (2 * FP32 + x) * resp)
+    slice_moment = 2 * c * full
+    if entropy != "grad":
+        return max(c * full + 2 * c * resp, slice_moment)
+    forward = c * full + (c + 2 * FP32 + x) * resp
+    product_backward = c * full + (2 * c + 3 * FP32 + x) * resp
+    logsumexp_backward = (2 * c + 5 * FP32 + x) * resp
+    return max(forward, product_backward, logsumexp_backward, slice_moment)
+
+
 def _trl_bytes(*, tokens: int, vocab: int, hidden: int, c: int, training: bool) -> int:
     tile = c * min(tokens, TRL_TOKEN_TILE) * min(vocab, TRL_VOCAB_TILE)
     stats = TRL_PER_TOKEN_STAT_BYTES * tokens
@@ -99,9 +143,11 @@ def logprob_logits_bytes(
     training: bool,
     fused: bool,
     entropy: str = "none",
+    padded_response_tokens: int | None = None,
 ) -> int:
     """Peak bytes of the log-prob (and entropy) computation for `tokens` scored positions on one rank, with
-    the executor's log-prob implementation (`ExecutorTraits.logits_kernel`)."""
+    the executor's log-prob implementation (`ExecutorTraits.logits_kernel`). `padded_response_tokens`: verl's
+    padded path (use_remove_padding False), the response positions among `tokens`."""
     if entropy not in ENTROPY_MODES:
         raise ValueError(f"entropy must be one of {ENTROPY_MODES}, got {entropy!r}")
     if tokens <= 0:
@@ -111,6 +157,16 @@ def logprob_logits_bytes(
         return _trl_bytes(tokens=tokens, vocab=vocab, hidden=hidden, c=c, training=training)
     grad_hidden = c * tokens * hidden if training else 0
     if kernel == "verl":
+        if not fused and padded_response_tokens is not None:
+            padded = _verl_padded(
+                tokens=tokens,
+                response_tokens=padded_response_tokens,
+                vocab=vocab,
+                c=c,
+                training=training,
+                entropy=entropy,
+            )
+            return padded + grad_hidden
         if not fused:
             return tokens * vocab * _verl_unfused(c, training, entropy) + grad_hidden
         chunk = min(tokens, VERL_FUSED_CHUNK_TOKENS)
@@ -135,13 +191,24 @@ def logprob_logits_bytes(
     return max(chunk * vocab * forward, in_backward)  # the forward's chunks come before any gradient
 
 
-def logits_block_bytes(tokens: int, vocab: int, compute_bytes: int, *, kernel: LogitsKernel, fused: bool) -> int:
+def logits_block_bytes(
+    tokens: int,
+    vocab: int,
+    compute_bytes: int,
+    *,
+    kernel: LogitsKernel,
+    fused: bool,
+    padded_response_tokens: int | None = None,
+) -> int:
     """The largest single block the log-prob computation allocates for `tokens` scored positions per rank —
     what the caching allocator must find anew for every micro-batch (planner/memory/allocator.py): the
-    logits in the compute dtype on the unfused paths, one float32 chunk's logits on the fused ones, one
-    tile for trl (module docstring)."""
+    logits in the compute dtype on the unfused paths (on verl's padded path with entropy, the larger of
+    them and the float32 [B, R, V] tensors of the eager entropy), one float32 chunk's logits on the fused
+    ones, one tile for trl (module docstring)."""
     if tokens <= 0:
         return 0
+    if kernel == "verl" and not fused and padded_response_tokens is not None:
+        return max(compute_bytes * tokens, FP32 * min(padded_response_tokens, tokens)) * vocab
     if kernel == "trl":
         return compute_bytes * min(tokens, TRL_TOKEN_TILE) * min(vocab, TRL_VOCAB_TILE)
     if not fused:

@@ -33,14 +33,7 @@ REFUSED = {
     # planner/support.py: MoE token dispatch, expert imbalance and Megatron's CPU optimizer are not modelled
     "verl-qwen3moe-30b-a3b-megatron-96gb-8x8xH20": "Mixture-of-Experts model under Megatron is not modelled",
 }
-KNOWN_MISSES = {
-    "tinyzero-ppo-qwen2.5-3b-2xH100": (
-        "OOM on 2 H100, predicted to fit at 71.8 of 79.6 GiB: verl 0.1 without remove-padding computes the entropy "
-        "of the padded [B, R, V] logits eagerly under bf16 autocast (softmax and logsumexp in fp32: two more "
-        "logits-sized fp32 tensors saved for backward), which memory/logits.py's verl kernel (the compiled rmpad "
-        "path) does not count: +5 to 8 GiB on the update"
-    ),
-}
+KNOWN_MISSES: dict[str, str] = {}
 
 
 @lru_cache(maxsize=None)
