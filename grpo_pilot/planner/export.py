@@ -208,6 +208,29 @@ def trl_fsdp_config(k: Knobs) -> dict[str, Any]:
     }
 
 
+def _trl_keyless_notes(plan: Plan) -> list[str]:
+    """Notes for the plan's knobs that GRPOConfig cannot express."""
+    k, w = plan.knobs, plan.workload
+    notes: list[str] = []
+    if w.use_kl_loss and k.ref_param_offload:
+        notes.append("ref_param_offload has no GRPOConfig key (TRL keeps the reference model on the GPU)")
+    if k.ulysses_sp > 1:
+        notes.append(
+            f"ulysses_sp={k.ulysses_sp} has no GRPOConfig key "
+            "(use accelerate's parallelism_config for context parallelism)"
+        )
+    if k.allocator == "expandable":  # neither TRL nor accelerate sets the allocator (planner/from_trl.py)
+        notes.append(f"export {EXPANDABLE_ENV} before launching (the plan assumes expandable segments)")
+    if k.fused_logprob:
+        notes.append("fused_logprob has no GRPOConfig key in trl 1.16 (use_liger_kernel is deprecated there)")
+    if k.rollout_backend == "vllm" and k.enforce_eager:
+        notes.append("enforce_eager has no GRPOConfig key")
+    defaults = Knobs()
+    if (k.max_num_seqs, k.max_num_batched_tokens) != (defaults.max_num_seqs, defaults.max_num_batched_tokens):
+        notes.append("max_num_seqs / max_num_batched_tokens have no GRPOConfig key")
+    return notes
+
+
 def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
     """(GRPOConfig keyword arguments, notes for what GRPOConfig cannot express)."""
     k, w = plan.knobs, plan.workload
@@ -271,22 +294,7 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
             f"token budget {k.max_token_len_per_gpu} has no GRPOConfig key: "
             f"expressed as {per_device} sequences per micro-batch"
         )
-    if w.use_kl_loss and k.ref_param_offload:
-        notes.append("ref_param_offload has no GRPOConfig key (TRL keeps the reference model on the GPU)")
-    if k.ulysses_sp > 1:
-        notes.append(
-            f"ulysses_sp={k.ulysses_sp} has no GRPOConfig key "
-            "(use accelerate's parallelism_config for context parallelism)"
-        )
-    if k.allocator == "expandable":  # neither TRL nor accelerate sets the allocator (planner/from_trl.py)
-        notes.append(f"export {EXPANDABLE_ENV} before launching (the plan assumes expandable segments)")
-    if k.fused_logprob:
-        notes.append("fused_logprob has no GRPOConfig key in trl 1.16 (use_liger_kernel is deprecated there)")
-    if k.rollout_backend == "vllm" and k.enforce_eager:
-        notes.append("enforce_eager has no GRPOConfig key")
-    defaults = Knobs()
-    if (k.max_num_seqs, k.max_num_batched_tokens) != (defaults.max_num_seqs, defaults.max_num_batched_tokens):
-        notes.append("max_num_seqs / max_num_batched_tokens have no GRPOConfig key")
+    notes += _trl_keyless_notes(plan)
     if not plan.fits:
         notes.append("this plan does NOT fit; printed for reference only")
     return settings, tuple(notes)
