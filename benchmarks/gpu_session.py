@@ -6,6 +6,8 @@
 
 Tasks, in order (each in a fresh process, each capped; a task that does not fit in what is left of the budget is
 recorded as skipped, so the most wanted numbers come first):
+  0. run-qwen2.5-1.5b-kl-2minibatch-as-run   the H200's 1.5B run as measured (its knobs, default allocator, one
+                    release after the rollout) with the allocator's history recorded and summarised (AS_RUN)
   1. decode-0.5b    engine_gpu.py --decode-bench --shape 0.5b: the hf rollout's eager / static / cuda_graph loops
   2. engine-0.5b    engine_gpu.py --shape 0.5b: ours beside TRL's GRPOTrainer
   3-7. run-*        grpo-run re-measurements in the method of /work/shared/measurements/h200-2026-11-26.json
@@ -61,6 +63,7 @@ class RunCase:
     name: str
     plan_args: tuple[str, ...]
     new: bool = False  # not in the H200 file
+    run_sets: tuple[str, ...] = ()  # grpo-run --set KEY=VALUE beside run_args()
 
 
 def _plan_args(model: str, prompts: int, mini: int, n: int, prompt: int, response: int, kl: bool, *pins: str):
@@ -72,6 +75,17 @@ def _plan_args(model: str, prompts: int, mini: int, n: int, prompt: int, respons
     return tuple(args)
 
 
+# The 1.5B run exactly as the H200 measured it (its knobs, PyTorch's default allocator, the cache emptied after
+# the rollout only, eager decode) with the allocator's history recorded: the measured reserve is 5.3 GiB above
+# what the allocator's rules give for the engine's recorded allocations (docs/validation.md, "Device
+# footprint"); the history's segments at the peak say which requests made them.
+AS_RUN = RunCase(
+    "qwen2.5-1.5b-kl-2minibatch-as-run",
+    _plan_args("qwen2.5-1.5b", 16, 8, 4, 128, 256, True, "micro_batch_size_per_gpu=4", "max_token_len_per_gpu=6144",
+               "log_prob_max_token_len_per_gpu=1536", "allocator=default", "release_cache=after_rollout",
+               "hf_decode=eager"),
+    run_sets=("memory_history=true",),
+)  # fmt: skip
 RUN_CASES = (
     RunCase("qwen2.5-0.5b", _plan_args("qwen2.5-0.5b", 16, 16, 4, 64, 256, False)),
     RunCase("qwen2.5-1.5b-kl-2minibatch", _plan_args("qwen2.5-1.5b", 16, 8, 4, 128, 256, True)),
@@ -98,6 +112,7 @@ class Task:
 
 
 TASKS = (
+    Task(f"run-{AS_RUN.name}", 240, ("run", AS_RUN.name)),
     Task("decode-0.5b", 120, ("--shape", "0.5b", "--decode-bench")),
     Task("engine-0.5b", 200, ("--shape", "0.5b")),
     *(Task(f"run-{c.name}", 240 if "3b" in c.name else 150, ("run", c.name)) for c in RUN_CASES[:-1]),
@@ -132,7 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def case_named(name: str) -> RunCase:
-    return next(c for c in RUN_CASES if c.name == name)
+    return next(c for c in (AS_RUN, *RUN_CASES) if c.name == name)
 
 
 def plan_command(case: RunCase, gpus: str, out: Path) -> list[str]:
@@ -166,7 +181,7 @@ def make_plans(root: Path) -> int:
     """Each run case's plan for each GPU of PLAN_GPUS (grpo-plan's own search), at root/<GPU>/<case>.json."""
     failed = 0
     for gpu in PLAN_GPUS:
-        for case in RUN_CASES:
+        for case in (AS_RUN, *RUN_CASES):
             out = root / gpu / f"{case.name}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             proc = _cli("plan_entry", plan_command(case, f"1x{gpu}", out)[1:], timeout_s=600)
@@ -192,7 +207,7 @@ def run_case_here(case: RunCase, plan: Path, json_out: Path, *, device: str = "c
         dataset = write_prompts(Path(tmp) / "prompts.jsonl", count=w["prompts_per_step"] * (RUN_STEPS + 1),
                                 length=w["prompt_len_tokens"] - 2)  # fmt: skip
         out = Path(tmp) / "run"
-        flags = run_args(device)
+        flags = run_args(device) + [arg for kv in case.run_sets for arg in ("--set", kv)]
         argv = [str(plan), "--dataset", str(dataset), *flags, "--out", str(out)]
         result: dict[str, Any] = {"name": case.name, "new_case": case.new, "plan_command": " ".join(case.plan_args),
                                   "run_command": "grpo-run plan.json --dataset prompts.jsonl " + " ".join(flags),
@@ -206,10 +221,25 @@ def run_case_here(case: RunCase, plan: Path, json_out: Path, *, device: str = "c
                 code = exc.code
         result.update(poller.result(), exit_code=code, completed=(out / "profile.json").exists())
         result.update(_read_run(out))
+        result.update(_history(out))
     result["predicted"] = {k: raw.get(k) for k in ("peak_gpu_bytes", "predicted_step_s", "phase_times_s")}
     result["predicted"]["phase_total_bytes"] = {k: v["total_bytes"] for k, v in raw["phases"].items()}
     write_json(json_out, result)
     return result
+
+
+def _history(out: Path) -> dict[str, Any]:
+    """The allocator history's summary (engine/memory_history.py) when the run recorded one."""
+    import pickle
+
+    from grpo_pilot.engine.memory_history import SNAPSHOT_FILE, summarize
+
+    path = out / "workers" / "worker-0" / SNAPSHOT_FILE
+    if not path.exists():
+        return {}
+    with open(path, "rb") as handle:
+        snapshot = pickle.load(handle)  # noqa: S301 - the file this run just wrote
+    return {"memory_history": summarize(snapshot), "memory_snapshot_bytes": path.stat().st_size}
 
 
 def _read_run(out: Path) -> dict[str, Any]:

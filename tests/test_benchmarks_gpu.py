@@ -104,9 +104,23 @@ def test_gpu_session_arguments_list_and_no_gpu_exit(tmp_path, capsys):
         gpu_session.parse_args(["--out", str(tmp_path), "--only", "engine-7b"])
     assert gpu_session.main(["--list"]) == 0
     listed = capsys.readouterr().out.split()
-    assert listed[0] == "decode-0.5b" and "run-qwen2.5-3b-kl" in listed and "run-qwen2.5-3b-kl-offload" in listed
+    assert listed[0] == "run-qwen2.5-1.5b-kl-2minibatch-as-run"
+    assert "run-qwen2.5-3b-kl" in listed and "run-qwen2.5-3b-kl-offload" in listed
     assert gpu_session.main(["--out", str(tmp_path / "out")]) == 0
     assert json.loads((tmp_path / "out" / "session.json").read_text())["status"] == "no_gpu"
+
+
+def test_the_as_run_case_pins_what_the_h200_run_had(tmp_path):
+    """The 1.5B run as measured: its knobs, the allocator settings of the runs, the history recorded."""
+    measured = json.loads((ROOT / "tests/planner/gpu_measurements/h200-2026-11-26.json").read_text())["cases"]
+    knobs = next(c["knobs"] for c in measured if c["name"] == "qwen2.5-1.5b-kl-2minibatch")
+    for gpu in gpu_session.PLAN_GPUS:
+        plan = json.loads((gpu_session.PLANS / gpu / f"{gpu_session.AS_RUN.name}.json").read_text())
+        for key in ("micro_batch_size_per_gpu", "max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+            assert plan["knobs"][key] == knobs[key], (gpu, key)
+        assert (plan["knobs"]["allocator"], plan["knobs"]["release_cache"]) == ("default", "after_rollout")
+    assert gpu_session.AS_RUN.run_sets == ("memory_history=true",)
+    assert gpu_session._history(tmp_path) == {}  # no snapshot written: nothing to summarise
 
 
 @pytest.mark.parametrize("gpu", gpu_session.PLAN_GPUS)
@@ -175,11 +189,12 @@ def test_a_session_case_runs_in_process_and_records_the_h200_fields(tmp_path):
 def test_the_session_skips_what_the_budget_cannot_hold_and_saves_after_each_task(tmp_path, monkeypatch):
     session = gpu_session.Session(tmp_path, budget_s=60.0)
     monkeypatch.setattr(gpu_session.Session, "_run_engine", lambda self, task, timeout: {"status": "ok", "t": timeout})
-    session.run(gpu_session.TASKS[0], "H100-80G")
+    tasks = {t.name: t for t in gpu_session.TASKS}
+    session.run(tasks["decode-0.5b"], "H100-80G")
     assert session.report["tasks"]["decode-0.5b"]["status"] == "ok"
     assert session.report["tasks"]["decode-0.5b"]["t"] <= 60.0  # capped by what was left
     saved = json.loads((tmp_path / "session.json").read_text())
     assert saved["tasks"]["decode-0.5b"]["status"] == "ok"
     session.t0 -= 30.0  # 30 s used: less than MIN_TASK_S left
-    session.run(gpu_session.TASKS[1], "H100-80G")
+    session.run(tasks["engine-0.5b"], "H100-80G")
     assert session.report["tasks"]["engine-0.5b"]["status"] == "skipped"

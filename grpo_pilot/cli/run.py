@@ -158,9 +158,10 @@ def _run_config(args: RunArgs) -> Any:
     return build_run_config(file_values, flags, source=source)
 
 
-def _report(result: Any, steps: int) -> None:
+def _report(result: Any, steps: int, *, memory_history: bool = False) -> None:
     """The end-of-run summary on stdout: measured vs predicted per phase, the last reward, where the outputs are."""
     from grpo_pilot.cli.run_render import summary_table
+    from grpo_pilot.engine.memory_history import SNAPSHOT_FILE
 
     out = console()
     if result.last_step == result.start_step:
@@ -179,6 +180,13 @@ def _report(result: Any, steps: int) -> None:
         + (f"; last reward mean {reward_mean:.3f}" if reward_mean is not None else "")
         + f". Outputs: {Path(result.output_dir) / 'metrics.jsonl'}, {Path(result.output_dir) / 'profile.json'}"
     )
+    snapshot = Path(result.output_dir) / "workers" / "worker-0" / SNAPSHOT_FILE
+    if memory_history:
+        out.print(
+            f"allocator history: {snapshot} (open it at https://pytorch.org/memory_viz)"
+            if snapshot.exists()
+            else "note: memory_history records the CUDA caching allocator: nothing was recorded on this device"
+        )
     for note in result.profile.notes:
         out.print(f"note: {note}")
 
@@ -198,4 +206,4 @@ def main(args: RunArgs) -> None:
     with RunDisplay(console(stderr=True), quiet=args.quiet) as display:
         result = run(the_plan, cfg, plan_path=args.plan, events=display, address=args.address)
     if not args.quiet:
-        _report(result, cfg.steps)
+        _report(result, cfg.steps, memory_history=cfg.memory_history)

@@ -314,6 +314,7 @@ def build_engine(
         memory_cap_bytes=cfg.memory_cap_bytes,
         allocator=cfg.allocator or k.allocator,
         release_cache=cfg.release_cache or k.release_cache,
+        memory_history=cfg.memory_history,
         actor=actor_settings(plan, cfg, loss),
         rollout=RolloutSettings(
             backend=backend,

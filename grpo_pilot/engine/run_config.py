@@ -228,6 +228,12 @@ class RunConfig(Frozen):
         description="Where torch.cuda.empty_cache() runs: verl (before and after the weight sync, after the rollout), "
         "each_phase (also after every log-prob pass), after_rollout, or never; None = the plan's knob; no-op on CPU.",
     )
+    memory_history: bool = Field(
+        default=False,
+        description="CUDA only: record the caching allocator's history on the first worker and write "
+        "<output_dir>/workers/worker-0/memory_snapshot.pickle at the end (pytorch.org/memory_viz opens it; "
+        "engine/memory_history.py). Slows allocation-heavy phases; ignored on CPU.",
+    )
     memory_cap_bytes: int | None = Field(
         default=None,
         ge=1,

@@ -32,6 +32,7 @@ from grpo_pilot.engine.actor import Actor
 from grpo_pilot.engine.device import pick_device
 from grpo_pilot.engine.device_memory import apply_allocator, release_cache
 from grpo_pilot.engine.failures import CrashError, OutOfMemoryRunError, is_out_of_memory
+from grpo_pilot.engine.memory_history import SNAPSHOT_FILE, dump_history, start_history
 from grpo_pilot.engine.model_factory import build_model, build_tokenizer
 from grpo_pilot.engine.profiling import PhaseProfiler
 from grpo_pilot.engine.qlora import load_quantized
@@ -76,6 +77,7 @@ class WorkerSetup(Frozen):
     memory_cap_bytes: int | None = Field(default=None, ge=1)
     allocator: AllocatorSetting = "expandable"
     release_cache: ReleasePolicy = "verl"
+    memory_history: bool = False
     actor: ActorSettings
     rollout: RolloutSettings
     topology: Topology
@@ -132,6 +134,7 @@ class Worker:
         self.rollout: Any = None
         self.profiler: Any = None
         self.device: Any = None
+        self.history = False  # recording the allocator's history (engine/memory_history.py)
 
     # -- start-up ------------------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -152,6 +155,7 @@ class Worker:
             torch.set_num_threads(st.threads)
         self.device = pick_device(st.device)
         alloc_conf = apply_allocator(st.allocator, self.device)  # before this worker's first CUDA allocation
+        self.history = st.memory_history and spec.index == 0 and start_history(self.device)
         if spec.trains and topo.train_world > 1:
             self._join_group(train_master, spec.train_rank or 0, topo.train_world)
         elif spec.rolls_out and topo.rollout_group:
@@ -375,6 +379,9 @@ class Worker:
         """Stop the tracker and the rollout engine (vLLM tears the process group down with it)."""
         if self.profiler is not None:
             self.profiler.close()
+        if self.history:
+            self.history = False
+            dump_history(Path(self.setup.workdir) / f"worker-{self.spec.index}" / SNAPSHOT_FILE)
         if self.rollout is not None:
             self.rollout.close()
         if self.actor is not None:
