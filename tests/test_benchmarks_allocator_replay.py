@@ -84,3 +84,34 @@ def test_the_measured_case_records_its_first_allocations(monkeypatch):
     assert new_tokens == 256 and len(prompts) == 16 * 4
     assert {len(p) for p in prompts} == {64 - 2}  # the runs' prompts: prompt_len - 2 tokens
     assert len({tuple(p) for p in prompts}) == 16 and prompts[0] == prompts[3] != prompts[4]  # groups of 4
+
+
+def test_a_device_trace_becomes_the_simulators_events():
+    import allocator_trace_gpu as trace_gpu
+
+    trace = [
+        {"action": "segment_alloc", "addr": 0, "size": 20 * MiB},
+        {"action": "alloc", "addr": 0, "size": 3 * MiB},
+        {"action": "alloc", "addr": 3 * MiB, "size": 4 * MiB},
+        {"action": "free_requested", "addr": 0, "size": 3 * MiB},
+        {"action": "free_completed", "addr": 0, "size": 3 * MiB},
+        {"action": "alloc", "addr": 0, "size": 2 * MiB},  # the same address handed out again: a new id
+        {"action": "free_completed", "addr": 0, "size": 2 * MiB},
+        {"action": "free_completed", "addr": 3 * MiB, "size": 4 * MiB},
+        {"action": "segment_free", "addr": 0, "size": 20 * MiB},
+        {"action": "segment_free", "addr": 40 * MiB, "size": 2 * MiB},  # one release frees both
+        {"action": "alloc", "addr": 0, "size": 30 * MiB},
+    ]
+    events = trace_gpu.events_from_trace(trace)
+    assert events == [("a", 1, 3 * MiB), ("a", 2, 4 * MiB), ("f", 1), ("a", 3, 2 * MiB), ("f", 3), ("f", 2), ("e",),
+                      ("a", 4, 30 * MiB)]  # fmt: skip
+    r = replay(events)
+    assert (r.peak_allocated_bytes, r.peak_reserved_bytes) == (30 * MiB, 30 * MiB)  # the 20 MiB segment released
+
+
+def test_the_gpu_trace_without_a_gpu_says_so(tmp_path, capsys):
+    import allocator_trace_gpu as trace_gpu
+
+    measurements = str(ROOT / "tests/planner/gpu_measurements/h200-2026-11-26.json")
+    assert trace_gpu.main([measurements, str(tmp_path)]) == 0
+    assert "no GPU" in capsys.readouterr().out and not any(tmp_path.iterdir())
