@@ -91,7 +91,14 @@ def record_case(case: dict[str, Any], steps: int, rollout: bool = True) -> list[
                 actor = Actor(model, device=torch.device("cpu"), settings=settings, world_size=1, numerics="cuda")
             _mark_optimizer_and_forwards(log, actor)
             for step in range(steps):
-                samples = _samples(count, prompt, w.response_len_tokens, spec.vocab_size, step * count, w.n)
+                samples = _samples(
+                    count=count,
+                    prompt_len=prompt,
+                    response_len=w.response_len_tokens,
+                    vocab=spec.vocab_size,
+                    offset=step * count,
+                    group=w.n,
+                )
                 log.events.append(("r", "before_weight_sync"))
                 log.phase("weight_sync")
                 log.events.append(("r", "after_weight_sync"))
