@@ -5,19 +5,21 @@
     python benchmarks/gpu_session.py --list                          the tasks, in order, with their caps
 
 Tasks, in order (each in a fresh process, each capped; a task that does not fit in what is left of the budget is
-recorded as skipped, so the most wanted numbers come first):
-  0. run-qwen2.5-1.5b-kl-2minibatch-as-run   the H200's 1.5B run as measured (its knobs, default allocator, one
+recorded as skipped, so the most wanted numbers come first; `--list` prints them):
+  1. run-qwen2.5-1.5b-kl-2minibatch-as-run   the H200's 1.5B run as measured (its knobs, default allocator, one
                     release after the rollout) with the allocator's history recorded and summarised (AS_RUN)
-  1. decode-0.5b    engine_gpu.py --decode-bench --shape 0.5b: the hf rollout's eager / static / cuda_graph loops
-  2. engine-0.5b    engine_gpu.py --shape 0.5b: ours beside TRL's GRPOTrainer
-  3-7. run-*        grpo-run re-measurements in the method of /work/shared/measurements/h200-2026-11-26.json
-                    (its `about`): the 0.5B, 1.5B (two mini-batches) and 3B plans of its plan commands, then two new
-                    shapes (1.5B with gradient checkpointing, Qwen3-0.6B with two mini-batches); random weights,
+  2-3. run-qwen2.5-1.5b-ckpt, run-qwen3-0.6b-2minibatch   new shapes (gradient checkpointing; two mini-batches)
+  4. trace-actor-1.5b   allocator_trace_gpu.py: that case's actor steps on real tensors, the real allocation
+                    sequence replayed by verify/allocator_sim.py (real reserve vs the simulator's)
+  5. decode-0.5b    engine_gpu.py --decode-bench --shape 0.5b: the hf rollout's eager / static / cuda_graph loops
+  6. engine-0.5b    engine_gpu.py --shape 0.5b: ours beside TRL's GRPOTrainer
+  7-9. run-*        grpo-run re-measurements of the H200 file's 0.5B, 1.5B (two mini-batches) and 3B plan commands
+                    in the method of /work/shared/measurements/h200-2026-11-26.json (its `about`): random weights,
                     character tokenizer, prompts of exactly prompt_len − 2 tokens, char_fraction reward, 3 steps,
                     --no-checkpoint, a poller of cudaMemGetInfo every 20 ms in the engine's own process
-  8. engine-3b      engine_gpu.py --shape 3b
-  9. decode-3b      engine_gpu.py --decode-bench --shape 3b (128 new tokens)
-  10. run-qwen2.5-3b-kl-offload   the H200 file's offload case (parameters and optimizer states on the host),
+  10. engine-3b     engine_gpu.py --shape 3b
+  11. decode-3b     engine_gpu.py --decode-bench --shape 3b (128 new tokens)
+  12. run-qwen2.5-3b-kl-offload   the H200 file's offload case (parameters and optimizer states on the host),
                     after everything else: it runs only with budget to spare (--budget-s, or --only)
 
 Plans: benchmarks/gpu_plans/<GPU>/<case>.json, made here with --make-plans from the cases' plan commands for
@@ -111,11 +113,16 @@ class Task:
     argv: tuple[str, ...]  # engine_gpu.py arguments, or ("run", case name)
 
 
+MEASUREMENTS = "tests/planner/gpu_measurements/h200-2026-11-26.json"
+NEW_SHAPES = tuple(c for c in RUN_CASES if c.new)  # issue 13: a shape with checkpointing, one with two mini-batches
 TASKS = (
     Task(f"run-{AS_RUN.name}", 240, ("run", AS_RUN.name)),
+    *(Task(f"run-{c.name}", 150, ("run", c.name)) for c in NEW_SHAPES),
+    # the actor's steps of the 1.5B case on real tensors, their allocation sequence replayed by the simulator
+    Task("trace-actor-1.5b", 180, ("script", "allocator_trace_gpu.py", MEASUREMENTS)),
     Task("decode-0.5b", 120, ("--shape", "0.5b", "--decode-bench")),
     Task("engine-0.5b", 200, ("--shape", "0.5b")),
-    *(Task(f"run-{c.name}", 240 if "3b" in c.name else 150, ("run", c.name)) for c in RUN_CASES[:-1]),
+    *(Task(f"run-{c.name}", 240 if "3b" in c.name else 150, ("run", c.name)) for c in RUN_CASES[:-1] if not c.new),
     Task("engine-3b", 300, ("--shape", "3b")),
     Task("decode-3b", 150, ("--shape", "3b", "--decode-bench", "--max-new", "128")),
     Task(f"run-{RUN_CASES[-1].name}", 300, ("run", RUN_CASES[-1].name)),
@@ -295,9 +302,9 @@ class Session:
         self.note(f"{task.name}: start (cap {timeout:.0f} s)")
         t = time.perf_counter()
         try:
-            result = (
-                self._run_run(task, gpu_name, timeout) if task.argv[0] == "run" else self._run_engine(task, timeout)
-            )
+            kind = task.argv[0]
+            runner = {"run": self._run_run, "script": self._run_script}.get(kind)
+            result = runner(task, gpu_name, timeout) if runner else self._run_engine(task, timeout)
         except subprocess.TimeoutExpired:
             result = {"status": "timeout", "reason": f"killed after {timeout:.0f} s"}
         result["wall_s"] = time.perf_counter() - t
@@ -315,6 +322,16 @@ class Session:
             if not out.exists():
                 return {"status": "failed", "exit_code": proc.returncode, "tail": (proc.stderr or "")[-1500:]}
             return {"status": "ok", "stdout": proc.stdout[-4000:], **json.loads(out.read_text())}
+
+    def _run_script(self, task: Task, gpu_name: str | None, timeout: float) -> dict[str, Any]:
+        """benchmarks/<script> ARGS OUT_DIR; every JSON file it writes there comes back in the result."""
+        with tempfile.TemporaryDirectory(prefix="grpo-gpu-script-") as tmp:
+            cmd = [sys.executable, str(HERE / task.argv[1]), *task.argv[2:], tmp]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE.parent)
+            self.log.write(proc.stdout + proc.stderr)
+            found = {p.name: json.loads(p.read_text()) for p in sorted(Path(tmp).glob("*.json"))}
+            status = "ok" if proc.returncode == 0 and found else "failed"
+            return {"status": status, "exit_code": proc.returncode, "files": found, "tail": proc.stderr[-1500:]}
 
     def _run_run(self, task: Task, gpu_name: str | None, timeout: float) -> dict[str, Any]:
         case = case_named(task.argv[1])

@@ -198,3 +198,13 @@ def test_the_session_skips_what_the_budget_cannot_hold_and_saves_after_each_task
     session.t0 -= 30.0  # 30 s used: less than MIN_TASK_S left
     session.run(tasks["engine-0.5b"], "H100-80G")
     assert session.report["tasks"]["engine-0.5b"]["status"] == "skipped"
+
+
+def test_a_script_task_returns_the_json_files_it_wrote(tmp_path, monkeypatch):
+    """The session's script tasks (allocator_trace_gpu.py): without a GPU the script says so, exits 0 and writes
+    nothing; the task reads as failed with that tail rather than breaking the session."""
+    session = gpu_session.Session(tmp_path, budget_s=300.0)
+    task = {t.name: t for t in gpu_session.TASKS}["trace-actor-1.5b"]
+    session.run(task, "H100-80G")
+    got = session.report["tasks"]["trace-actor-1.5b"]
+    assert got["exit_code"] == 0 and got["files"] == {} and got["status"] == "failed"
