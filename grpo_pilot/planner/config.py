@@ -254,6 +254,20 @@ class Knobs(Frozen):
         "old log-prob, reference) computes the entropy, and the update back-propagates through it whatever "
         "entropy_coeff (a coefficient of 0 scales a gradient that is still computed).",
     )
+    actor_offload_at_init: bool = Field(
+        default=True,
+        description="verl only (the search never moves it): with param_offload, init_model moves the actor's "
+        "parameters to the host before it builds the rollout engine (verl >= 0fb0bedb7, #1118). False: verl before, "
+        "whose init moved only the gradients, so the engine measured the GPU beside the actor's parameters "
+        "(vllm_memory device / free, SGLang) whatever param_offload.",
+    )
+    ref_forced_cpu_offload: bool = Field(
+        default=True,
+        description="verl only (the search never moves it): the reference model is wrapped in FSDP "
+        "CPUOffload(offload_params=True) whatever ref_param_offload (verl >= fefca4172, #121), so it holds no GPU "
+        "memory when the rollout engine measures. False: verl before, whose reference stayed on the GPU unless "
+        "ref_param_offload moved it at init. Read for the engine's start only.",
+    )
     enforce_eager: bool = Field(
         default=False, description="vLLM without CUDA graphs (saves graph memory, slower decode)."
     )

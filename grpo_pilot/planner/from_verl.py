@@ -49,6 +49,7 @@ from grpo_pilot.planner.verl_versions import (
     VERSION_WORD,
     VLLM_VERSION_WORD,
     VerlWindow,
+    init_offload_knobs,
     vllm_memory_of,
     window,
 )
@@ -351,14 +352,16 @@ def verl_launch(
     # verl before 25b0f2262 (#1100): dp_actor._forward_micro_batch computes the entropy in every pass
     knobs["entropy_every_pass"] = win.side(next(c for c in CHANGES if c.name == "entropy")) == "before"
     knobs.update(_family_knobs(v, megatron, adapter is not None, notes))
+    use_kl = v.flag(ARR + "actor.use_kl_loss") or v.flag("algorithm.use_kl_in_reward")  # a reference model exists
+    if not megatron:  # fsdp_workers' init (megatron_workers builds its own)
+        knobs.update(init_offload_knobs(knobs, win, notes, has_ref=use_kl))
     workload = {
         "prompts_per_step": batches.prompts_per_step,
         "mini_batch_prompts": batches.mini_batch_prompts,
         "n": batches.n,
         "prompt_len_tokens": v.integer("data.max_prompt_length"),
         "response_len_tokens": v.integer("data.max_response_length"),
-        # the reference model exists for the KL loss and for KL in the reward
-        "use_kl_loss": v.flag(ARR + "actor.use_kl_loss") or v.flag("algorithm.use_kl_in_reward"),
+        "use_kl_loss": use_kl,  # the reference model exists for the KL loss and for KL in the reward
         "ppo_epochs": v.integer(ARR + "actor.ppo_epochs"),
         "entropy_coeff": _entropy(v, win, notes),
         "adapter": adapter,

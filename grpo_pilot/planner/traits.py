@@ -50,8 +50,10 @@ the executor behaviour it stands for and the source where it was read:
   HSDP `fsdp_size`); TRL's GRPOConfig has no
   reference offload (the reference stays on the GPU), no Ulysses SP, no log-prob kernel switch (its head
   is always fused), no vLLM eager switch and no scheduler caps (trl 1.16 GRPOConfig fields).
-  `remove_padding` (verl `model.use_remove_padding`) and `entropy_every_pass` (verl before #1100) are verl's
-  alone: our engine and TRL pad as `padding` says and compute entropy as `update_entropy_metric` says.
+  `remove_padding` (verl `model.use_remove_padding`) and the facts of older verl releases (`VERL_ERA_KNOBS`:
+  `entropy_every_pass` before #1100, `actor_offload_at_init` before #1118, `ref_forced_cpu_offload` before #121)
+  are verl's alone: our engine and TRL pad as `padding` says, compute entropy as `update_entropy_metric` says and
+  keep the latter two at their defaults.
   The launch families' knobs (`FAMILY_KNOBS`: Megatron's parallel sizes and recompute, activation offload,
   the LoRA layered summon, the critic's offloads) exist only in verl; our engine and TRL miss them all.
   `hf_decode` (our static / CUDA-graph decode loop) exists only in our engine: verl's and TRL's HF rollout
@@ -98,6 +100,8 @@ FAMILY_KNOBS: frozenset[str] = frozenset(
         "critic_optimizer_offload",
     }
 )
+# What an older verl release did differently (verl_versions.CHANGES, set by --from-verl from the launch's date).
+VERL_ERA_KNOBS: frozenset[str] = frozenset({"entropy_every_pass", "actor_offload_at_init", "ref_forced_cpu_offload"})
 
 
 class ExecutorTraits(NamedTuple):
@@ -143,7 +147,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         update_entropy_metric=True,
         ref_bytes=BF16_BYTES,
         logits_kernel="ours",
-        missing_knobs=frozenset({"ulysses_sp", "fsdp_size", "remove_padding", "entropy_every_pass"}) | FAMILY_KNOBS,
+        missing_knobs=frozenset({"ulysses_sp", "fsdp_size", "remove_padding"}) | VERL_ERA_KNOBS | FAMILY_KNOBS,
         shares_prompts=True,
         fused_adamw_on_cpu=True,
     ),
@@ -191,9 +195,9 @@ TRAITS: dict[str, ExecutorTraits] = {
                 "max_num_batched_tokens",
                 "hf_decode",
                 "remove_padding",
-                "entropy_every_pass",
             }
         )
+        | VERL_ERA_KNOBS
         | FAMILY_KNOBS,
         quantized_adapter_bytes=BF16_BYTES,
     ),

@@ -39,6 +39,19 @@ class Change(NamedTuple):
 
 CHANGES: tuple[Change, ...] = (
     Change(
+        "ref_cpu_offload",
+        "2025-01-24T09:29",
+        "verl fefca4172 (#121)",
+        None,
+        False,
+        True,
+        "the reference model was a plain FSDP module on the GPU unless ref.fsdp_config.param_offload moved it "
+        "off at init (fsdp_workers.py@fefca4172^ init_model: offload_fsdp_param_and_grad), and ray_trainer's "
+        "init_workers builds it before the actor and its rollout, so the engine measured beside it; since, "
+        "_build_model_optimizer wraps the reference in FSDP CPUOffload(offload_params=True) whatever the key "
+        "(FSDP2's CPUOffloadPolicy from db84a4007, #1026)",
+    ),
+    Change(
         "micro_batch_times_n",
         "2025-01-27T03:26",
         "verl f2a76acd9 (#136)",
@@ -112,6 +125,18 @@ CHANGES: tuple[Change, ...] = (
         0.0,
         "actor.entropy_coeff defaulted to 0.001 (ppo_trainer.yaml@25b0f2262^; verl docs/algo/baseline.md note [2]) "
         "and the update always computed the entropy (dp_actor.py@25b0f2262^)",
+    ),
+    Change(
+        "actor_offload_at_init",
+        "2025-04-27T18:11",
+        "verl 0fb0bedb7 (#1118)",
+        None,
+        False,
+        True,
+        "with actor.fsdp_config.param_offload, init_model moved only the actor's gradients off the GPU ('param is "
+        "require during state_dict in sharding manager', fsdp_workers.py@v0.2; from 9db52329f (#284) nothing at "
+        "all), so its parameters were resident when the rollout engine was built and measured the GPU; since, "
+        "init_model offloads them (offload_fsdp_model_to_cpu) before _build_rollout",
     ),
     Change(
         "enforce_eager",
@@ -291,3 +316,32 @@ def vllm_memory_of(knobs: Mapping[str, Any], env: Mapping[str, str], win: VerlWi
         )
         return "device"
     return "instance"
+
+
+def init_offload_knobs(
+    knobs: Mapping[str, Any], win: VerlWindow, notes: list[str], *, has_ref: bool
+) -> dict[str, bool]:
+    """What verl's init left on the GPU when the rollout engine measured it (`Knobs.actor_offload_at_init`, from
+    "actor_offload_at_init"; `Knobs.ref_forced_cpu_offload`, from "ref_cpu_offload"): the old behaviour when the
+    window is before the change, today's otherwise. A note says so where it moves the engine's budget (vLLM's
+    'device' and 'free', SGLang: memory/context.py `engine_start_resident_bytes`) and the launch offloads the actor
+    (or keeps a reference on the GPU)."""
+    counts = knobs["vllm_memory"] != "instance" or knobs["rollout_backend"] == "sglang"
+    out: dict[str, bool] = {}
+    for change_name, knob, relevant, what in (
+        ("actor_offload_at_init", "actor_offload_at_init", bool(knobs["param_offload"]), "actor's parameters"),
+        ("ref_cpu_offload", "ref_forced_cpu_offload", has_ref and not knobs["ref_param_offload"], "reference model"),
+    ):
+        change = next(c for c in CHANGES if c.name == change_name)
+        side = win.side(change)
+        out[knob] = side != "before"
+        if not (counts and relevant):
+            continue
+        if side == "before":
+            notes.append(f"{knob} = false, the {what} on the GPU when the rollout engine measures it: {change.what}")
+        elif side is None and (win.after is None or win.after < change.at):
+            notes.append(
+                f"{knob} planned as today's verl; verl before {change.at[:10]} ({change.source}): {change.what} — if "
+                f"the launch's verl is older, pass --pin {knob}=false (or --override {VERSION_WORD}=<release or date>)"
+            )
+    return out

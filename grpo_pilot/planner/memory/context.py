@@ -93,25 +93,30 @@ def engine_start_resident_bytes(
     critic_bytes: int = 0,
     ref_bytes: int = 0,
 ) -> int:
-    """Trainer memory on a colocated GPU when the vLLM engine profiles (counted against its budget when
-    knobs.vllm_memory is 'device' or 'free'): the actor's sharded parameters unless offloaded (verl fsdp_workers
-    .init_model builds and, with param_offload, offloads the actor before _build_rollout; optimizer states
-    are created lazily at the first step; the reference model is built after the rollout) and the
-    process's CUDA context, cuBLAS workspace and NCCL buffers. SGLang measures the memory free at its start
-    whatever its version (memory/sglang_budget.py), so for it these always count; a PPO critic is built
-    before the rollout too (`critic_plan.critic_engine_start_bytes`).
+    """Trainer memory on a colocated GPU when the rollout engine profiles (counted against its budget when
+    knobs.vllm_memory is 'device' or 'free', and always for SGLang, which measures the memory free at its start
+    whatever its version: memory/sglang_budget.py): the process's CUDA context, cuBLAS workspace and NCCL buffers,
+    a PPO critic (`critic_plan.critic_engine_start_bytes`), and what verl's init left of the actor and the reference.
 
-    With 'free' (verl's vendored vLLM <= 0.6.3 workers, verl before 0fb0bedb7 (#1118, 2025-04-28)) param_offload
-    moved only the actor's gradients off the GPU at init (fsdp_workers.py@v0.2 init_model: `offload_fsdp_grad`,
-    'param is require during state_dict in sharding manager'; Jiayi-Pan/TinyZero@95df88f the same), so the
-    actor's parameters count whatever the key; and the reference worker group is initialised before the actor's
-    (ray_trainer.py@v0.1 init_workers), its shard on the GPU unless ref param_offload moved it at init
-    (`ref_bytes`: 0 without a reference model or with ref offload)."""
+    verl's ray_trainer.init_workers initialises the critic, then the reference, then the reward model, and the
+    actor with its rollout last ('so that vllm can have a better estimation of kv cache memory'; ray_trainer.py
+    @v0.1 through volcengine/verl@b178a3cd5); ActorRolloutRefWorker.init_model builds the actor
+    (_build_model_optimizer: the FSDP module and an AdamW whose states appear at the first step), offloads, then
+    calls _build_rollout, in which the engine measures the GPU. With param_offload the actor's parameters are
+    offloaded there only since 0fb0bedb7 (#1118, 2025-04-28; fsdp_workers.py init_model `offload_fsdp_model_to_cpu`);
+    before, init moved only the gradients (fsdp_workers.py@v0.2 `offload_fsdp_grad`, 'param is require during
+    state_dict in sharding manager') or, from 9db52329f (#284), nothing: `knobs.actor_offload_at_init` False counts
+    them whatever param_offload. The reference (`ref_bytes`: its shard, 0 without a reference model or with
+    ref param_offload) counts only before fefca4172 (#121, 2025-01-24): since, _build_model_optimizer wraps it in
+    FSDP CPUOffload(offload_params=True) whatever the key (FSDP2: CPUOffloadPolicy, db84a4007 #1026), so its
+    parameters are on the host (`knobs.ref_forced_cpu_offload`); before, init_model offloaded it only under ref
+    param_offload (fsdp_workers.py@fefca4172^ `offload_fsdp_param_and_grad`). Other executors keep the knobs'
+    defaults (today's verl)."""
     if (knobs.vllm_memory == "instance" and knobs.rollout_backend != "sglang") or split:
         return 0
-    if knobs.vllm_memory == "free" and knobs.rollout_backend == "vllm":
-        return master_bytes + ref_bytes + sum(trainer_overheads.values()) + critic_bytes
-    return (0 if param_offload else master_bytes) + sum(trainer_overheads.values()) + critic_bytes
+    actor = 0 if param_offload and knobs.actor_offload_at_init else master_bytes
+    ref = 0 if knobs.ref_forced_cpu_offload else ref_bytes
+    return actor + ref + sum(trainer_overheads.values()) + critic_bytes
 
 
 def process_overheads(
@@ -243,8 +248,9 @@ def _rollout_budget(
     fam: FamilyParts,
     ref_bytes: int = 0,
 ) -> VllmBudget | None:
-    """The rollout engine's budget beside what the trainer holds when it starts (the actor's parameters unless
-    offloaded, a PPO critic's) and vLLM's LoRA slots inside it (memory/family_parts.py)."""
+    """The rollout engine's budget beside what the trainer holds when it starts (`engine_start_resident_bytes`: the
+    actor's parameters unless verl's init offloaded them, a pre-#121 reference, a PPO critic's) and vLLM's LoRA slots
+    inside it (memory/family_parts.py)."""
     preexisting = engine_start_resident_bytes(
         knobs,
         master_bytes=held_bytes,
