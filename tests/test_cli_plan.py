@@ -247,6 +247,8 @@ def test_emit_verl_and_trl() -> None:
     assert verl.exit_code == 0
     assert "python3 -m verl.trainer.main_ppo \\" in verl.stdout and "actor_rollout_ref.rollout.n=5" in verl.stdout
     assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B" in verl.stdout
+    # verl (#121 on) offloads the FSDP reference whatever ref.fsdp_config.param_offload: said, not claimed
+    assert "# note: actor_rollout_ref.ref.fsdp_config.param_offload is written for completeness" in verl.stdout
     trl = run("--model", "qwen-7b", "--gpus", "8xH100", "--emit", "trl", *FAST)
     assert trl.exit_code == 0 and "GRPOConfig(" in trl.stdout and "num_generations=5," in trl.stdout
     # the export alone on stdout; the tables (which say the target) on stderr

@@ -226,7 +226,11 @@ class Knobs(Frozen):
     optimizer_offload: bool = Field(
         default=False, description="Adam states live in host RAM; the optimizer step runs on CPU or streams."
     )
-    ref_param_offload: bool = Field(default=False, description="Reference model parameters live in host RAM.")
+    ref_param_offload: bool = Field(
+        default=False,
+        description="Reference model parameters live in host RAM (verl's FSDP reference is there whatever this key "
+        "since #121: ref_forced_cpu_offload).",
+    )
     gradient_checkpointing: bool = Field(
         default=True, description="Recompute layer activations in backward (verl default on)."
     )
@@ -265,8 +269,9 @@ class Knobs(Frozen):
         default=True,
         description="verl only (the search never moves it): the reference model is wrapped in FSDP "
         "CPUOffload(offload_params=True) whatever ref_param_offload (verl >= fefca4172, #121), so it holds no GPU "
-        "memory when the rollout engine measures. False: verl before, whose reference stayed on the GPU unless "
-        "ref_param_offload moved it at init. Read for the engine's start only.",
+        "memory when the rollout engine measures and is streamed from the host unit by unit during its pass "
+        "(planner/ref_offload.py). False: verl before, whose reference stayed on the GPU unless ref_param_offload "
+        "moved it off (and back whole for its pass). FSDP only: the Megatron reference follows its key.",
     )
     enforce_eager: bool = Field(
         default=False, description="vLLM without CUDA graphs (saves graph memory, slower decode)."

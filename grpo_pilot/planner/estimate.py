@@ -93,6 +93,7 @@ from grpo_pilot.planner.memory.ulysses import all_to_all_buffer_bytes
 from grpo_pilot.planner.memory.vllm_budget import forward_bytes_per_token
 from grpo_pilot.planner.memory.weight_sync import largest_gathered_bytes, largest_param_elements
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
+from grpo_pilot.planner.ref_offload import ref_offload_mode
 from grpo_pilot.planner.reports import MemoryReport, PhaseMemory
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
@@ -133,7 +134,10 @@ def resident(ctx: MemoryContext, phase: str, ref_pass: bool = False) -> dict[str
     )
     adam_on = (not ctx.optimizer_offload) or (loads_back and phase == "update")
     grads_on = phase == "update" and ((not ctx.param_offload) or loads_back)
-    ref_on = ctx.has_ref and ((not ctx.ref_offload) or (loads_back and ref_pass))
+    # an offloaded reference comes back whole for its pass only when it is "loaded" (planner/ref_offload.py); a
+    # streamed one (our engine, TRL, verl's FSDP reference since #121 whatever its key) gathers unit by unit
+    ref_loads_back = ref_offload_mode(ctx.knobs, ctx.executor) == "loaded"
+    ref_on = ctx.has_ref and ((not ctx.ref_offload) or (ref_loads_back and ref_pass))
     return {
         "actor_params": ctx.master_bytes if params_on else 0,
         "actor_grads": ctx.grad_bytes if grads_on else 0,

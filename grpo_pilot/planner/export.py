@@ -29,6 +29,7 @@ from grpo_pilot.planner.export_families import (
 )
 from grpo_pilot.planner.from_verl import EXPANDABLE_ENV
 from grpo_pilot.planner.plan import Plan
+from grpo_pilot.planner.ref_offload import forced_ref_offload
 from grpo_pilot.planner.roofline import pools
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.planner.verl_versions import CHANGES
@@ -82,6 +83,14 @@ def verl_notes(plan: Plan) -> tuple[str, ...]:
         notes.append(
             f"memory was estimated for target {plan.target}; "
             "re-plan with --target verl for verl's own memory behaviour."
+        )
+    if plan.workload.use_kl_loss and forced_ref_offload(plan.knobs, traits_for("verl")):
+        # fsdp_workers.py _build_model_optimizer (fefca4172 #121 on; FSDP2 db84a4007 #1026): role "ref" gets
+        # CPUOffload(offload_params=True) / CPUOffloadPolicy whatever the key (planner/ref_offload.py)
+        notes.append(
+            "actor_rollout_ref.ref.fsdp_config.param_offload is written for completeness: verl (since #121) wraps the "
+            "FSDP reference in CPUOffload whatever it says, so the reference lives in host RAM and streams in during "
+            "its pass."
         )
     if plan.knobs.rollout_backend == "vllm" and plan.knobs.vllm_engine == "v0":
         notes.append("the plan assumes vLLM's V0 engine: export VLLM_USE_V1=0 (vLLM >= 0.8) before launching.")

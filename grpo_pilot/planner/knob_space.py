@@ -14,7 +14,8 @@ trial: the coarser `TRIAL_GRID`). Dimensions:
 - `log_prob_max_token_len_per_gpu`: whole sequences, only when the step runs a log-prob pass (a KL
   reference, or old log-probs: `config.old_logprob_pass_needed`);
 - offloads: only where moving a state to the host frees device memory (`DeviceTraits.offload_meaningful`),
-  the reference's only with a reference (KL loss);
+  the reference's only with a reference (KL loss) and not for verl's FSDP reference, which verl offloads
+  whatever the key since #121 (planner/ref_offload.py `forced_ref_offload`: the key would move nothing);
 - `gradient_checkpointing`, `fused_logprob`;
 - `ulysses_sp`: powers of two that divide the training GPUs and the heads.
 Launch families (`family_choices`; verl only — the other executors miss these knobs):
@@ -36,6 +37,7 @@ from typing import Any, NamedTuple
 
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.planner.config import Knobs, Workload, old_logprob_pass_needed
+from grpo_pilot.planner.ref_offload import forced_ref_offload
 from grpo_pilot.planner.roofline import pools
 from grpo_pilot.planner.rules import heads_divisible
 from grpo_pilot.planner.traits import ExecutorTraits
@@ -187,6 +189,8 @@ def knob_choices(
             continue
         if name == "ref_param_offload" and not workload.use_kl_loss:
             continue  # no reference model without the KL loss
+        if name == "ref_param_offload" and forced_ref_offload(include, executor):
+            continue  # verl's FSDP reference is under CPUOffload whatever the key (#121): never unoffloaded
         if name == "enforce_eager" and not (vllm and device.cuda_graphs):
             continue  # CUDA graphs exist only for vLLM on a GPU
         if name in OFFLOAD_KNOBS and not device.offload_meaningful:

@@ -27,7 +27,9 @@ from grpo_pilot.planner.config import Workload
 from grpo_pilot.planner.constraints import violations
 from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, cheap_checks
 from grpo_pilot.planner.lengths import std_bound
+from grpo_pilot.planner.ref_offload import ref_offloaded
 from grpo_pilot.planner.search import build_space, frugal_candidates
+from grpo_pilot.planner.traits import traits_for
 
 UNLIMITED_HOST_RAM_BYTES = 1 << 50  # 1 PiB: "as much host RAM as it takes" for the host-RAM suggestion
 MAX_NODES = 64  # largest cluster the GPU-count suggestion considers (nodes of the user's size)
@@ -48,7 +50,10 @@ def first_fit(inputs: PlanInputs, pins: Mapping[str, Any]) -> Assessment | None:
 
 def _with_offloads(inputs: PlanInputs, failed: Assessment) -> str | None:
     knobs = failed.knobs
-    off = [k for k in OFFLOADS if not getattr(knobs, k) and (k != "ref_param_offload" or inputs.workload.use_kl_loss)]
+    # no reference key to suggest without a reference, or where the executor offloads it anyway (verl's FSDP
+    # reference since #121: planner/ref_offload.py)
+    ref_movable = inputs.workload.use_kl_loss and not ref_offloaded(knobs, traits_for(inputs.target))
+    off = [k for k in OFFLOADS if not getattr(knobs, k) and (k != "ref_param_offload" or ref_movable)]
     if not off:
         return None
     a = assess(inputs, knobs.model_copy(update={k: True for k in off}))

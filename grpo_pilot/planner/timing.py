@@ -43,6 +43,7 @@ from grpo_pilot.planner.megatron_time import megatron_times
 from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token_per_gpu
 from grpo_pilot.planner.memory.precision import precision_for
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
+from grpo_pilot.planner.ref_offload import ref_offload_mode
 from grpo_pilot.planner.reports import TimeReport
 from grpo_pilot.planner.rollout_time import RolloutBreakdown, rollout_breakdown, rollout_time_s
 from grpo_pilot.planner.roofline import (
@@ -135,7 +136,7 @@ def log_prob_time_s(
     dequant = dequant_micro_s(lora, 1, gpu.hbm_bytes_per_s)
     dispatch = {"dispatch_s_per_micro": train_dispatch_s(spec, 1, coef) + dequant}
 
-    def one_pass(offloaded: bool, bytes_per_param: int) -> float:
+    def one_pass(offloaded: bool, bytes_per_param: int, *, streams: bool = streams) -> float:
         h2d = bytes_per_param * ts.shard_params / ts.host if offloaded and device.offload_meaningful else 0.0
         comm = gather_s + h2d if streams else gather_s  # streaming: every micro-batch brings its shard in
         loop = micro_loop_s(
@@ -154,8 +155,10 @@ def log_prob_time_s(
         total += one_pass(knobs.param_offload, ts.prec.master_bytes)
     if workload.use_kl_loss and lora is not None:  # LoRA: the actor with its adapters disabled
         total += one_pass(knobs.param_offload, ts.prec.master_bytes)
-    elif workload.use_kl_loss:
-        total += one_pass(knobs.ref_param_offload, ts.prec.ref_bytes)
+    elif workload.use_kl_loss:  # the reference's own mode: verl's FSDP one streams since #121 (ref_offload.py)
+        mode = ref_offload_mode(knobs, executor)
+        ref_streams = mode == "streamed" and device.offload_meaningful
+        total += one_pass(mode != "resident", ts.prec.ref_bytes, streams=ref_streams)
     return total
 
 

@@ -68,6 +68,10 @@ the executor behaviour it stands for and the source where it was read:
   memory/lora_rollout.py); TRL merges the adapters into the base for the weight sync and unmerges after
   (trl 1.16 grpo_trainer `_move_model_to_vllm`: `merge_adapter()` ... `unmerge_adapter()`), so vLLM runs a
   plain model and receives full weights; our engine (branch lora) syncs merged weights the same way.
+- forces_fsdp_ref_offload: verl wraps its FSDP reference in CPUOffload(offload_params=True) (FSDP2:
+  CPUOffloadPolicy) whatever ref.fsdp_config.param_offload, since fefca4172 (#121; fsdp_workers.py
+  `_build_model_optimizer`, role "ref"); `Knobs.ref_forced_cpu_offload` says whether the launch's verl is that
+  new (planner/ref_offload.py). Our engine and TRL keep the reference where `ref_param_offload` says.
 - quantized_adapter_bytes: the adapters' dtype over a bitsandbytes base: TRL casts them to bf16
   ("following the QLoRA paper", grpo_trainer.py L530–L541); elsewhere fp32 (peft autocast_adapter_dtype).
 """
@@ -127,6 +131,7 @@ class ExecutorTraits(NamedTuple):
     rollout_engines: frozenset[str] = frozenset({"vllm", "hf"})
     lora_rollout: LoraRollout = "merged"
     quantized_adapter_bytes: int = FP32_BYTES
+    forces_fsdp_ref_offload: bool = False
 
     def has_knob(self, name: str) -> bool:
         """Whether the executor has a setting for knob `name` (else the search leaves it at its default)."""
@@ -171,6 +176,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         rollout_engines=frozenset({"vllm", "sglang", "hf"}),
         lora_rollout="adapters",
         missing_knobs=frozenset({"hf_decode"}),
+        forces_fsdp_ref_offload=True,
     ),
     "trl": ExecutorTraits(
         name="trl",

@@ -323,22 +323,31 @@ def init_offload_knobs(
 ) -> dict[str, bool]:
     """What verl's init left on the GPU when the rollout engine measured it (`Knobs.actor_offload_at_init`, from
     "actor_offload_at_init"; `Knobs.ref_forced_cpu_offload`, from "ref_cpu_offload"): the old behaviour when the
-    window is before the change, today's otherwise. A note says so where it moves the engine's budget (vLLM's
-    'device' and 'free', SGLang: memory/context.py `engine_start_resident_bytes`) and the launch offloads the actor
-    (or keeps a reference on the GPU)."""
+    window is before the change, today's otherwise. A note says so where it moves the plan: the actor's only for
+    the engine's budget (vLLM's 'device' and 'free', SGLang: memory/context.py `engine_start_resident_bytes`) under
+    param_offload; the reference's wherever a reference is kept without its offload key, because the forced
+    CPUOffload also takes it off the GPU in every phase (planner/ref_offload.py). FSDP launches only (the caller
+    skips Megatron, whose workers honour ref.megatron.param_offload)."""
     counts = knobs["vllm_memory"] != "instance" or knobs["rollout_backend"] == "sglang"
+    actor_moves = counts and bool(knobs["param_offload"])
+    ref_moves = has_ref and not knobs["ref_param_offload"]
     out: dict[str, bool] = {}
-    for change_name, knob, relevant, what in (
-        ("actor_offload_at_init", "actor_offload_at_init", bool(knobs["param_offload"]), "actor's parameters"),
-        ("ref_cpu_offload", "ref_forced_cpu_offload", has_ref and not knobs["ref_param_offload"], "reference model"),
+    for change_name, knob, relevant, where in (
+        (
+            "actor_offload_at_init",
+            "actor_offload_at_init",
+            actor_moves,
+            "actor's parameters on the GPU when the rollout engine measures it",
+        ),
+        ("ref_cpu_offload", "ref_forced_cpu_offload", ref_moves, "reference model on the GPU in every phase"),
     ):
         change = next(c for c in CHANGES if c.name == change_name)
         side = win.side(change)
         out[knob] = side != "before"
-        if not (counts and relevant):
+        if not relevant:
             continue
         if side == "before":
-            notes.append(f"{knob} = false, the {what} on the GPU when the rollout engine measures it: {change.what}")
+            notes.append(f"{knob} = false, the {where}: {change.what}")
         elif side is None and (win.after is None or win.after < change.at):
             notes.append(
                 f"{knob} planned as today's verl; verl before {change.at[:10]} ({change.source}): {change.what} — if "

@@ -24,6 +24,7 @@ from grpo_pilot.planner.config import old_logprob_pass_needed
 from grpo_pilot.planner.estimate import estimate_memory
 from grpo_pilot.planner.memory.layout import layout_for
 from grpo_pilot.planner.memory.tokens import sequences_per_sp_group
+from grpo_pilot.planner.ref_offload import ref_offloaded
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
 from grpo_pilot.verify.single_rank import CAST_LABEL
@@ -207,8 +208,9 @@ def compare_with_analytic(
 
     The update is fed two micro-batches (the second one's backward runs with every sharded gradient
     resident: the update's peak), each log-prob pass one micro-batch; all sequences full length, so the
-    estimate is taken for the same worst case. A reference offloaded by the plan (ref_param_offload) is
-    traced on the device and its shard left out of the traced rows (it lives in host RAM).
+    estimate is taken for the same worst case. A reference offloaded by the plan (ref_param_offload, or verl's
+    forced FSDP CPUOffload: planner/ref_offload.py) is traced on the device and its shard left out of the
+    traced rows (it lives in host RAM).
     """
     from grpo_pilot.engine.actor import LossSettings
     from grpo_pilot.engine.settings import ActorSettings
@@ -242,10 +244,13 @@ def compare_with_analytic(
         group_size=inputs["group_size"],
     )
     notes = []
-    ref_on_device = 0 if knobs.ref_param_offload else trace.ref_shard_bytes
-    if kl and knobs.ref_param_offload:
+    # the key, or verl's FSDP reference under CPUOffload whatever the key since #121 (planner/ref_offload.py)
+    offloaded = ref_offloaded(knobs, traits_for(target))
+    ref_on_device = 0 if offloaded else trace.ref_shard_bytes
+    if kl and offloaded:
         notes.append(
-            "ref_param_offload: the reference shard was traced on the device and is left out (it lives in host RAM)."
+            "reference offloaded (ref_param_offload, or verl's forced CPUOffload): the reference shard was traced "
+            "on the device and is left out (it lives in host RAM)."
         )
     report = estimate_memory(spec, cluster, workload, knobs, target=target)  # type: ignore[arg-type]
     adam = trace.optimizer_state_bytes

@@ -1,6 +1,7 @@
 """What verl's init leaves on a colocated GPU when the rollout engine measures it (memory/context.py
 `engine_start_resident_bytes`): the actor's parameters under param_offload before verl 0fb0bedb7 (#1118), the
-reference never from fefca4172 (#121) on, for vLLM's 'device' and 'free' budgets and SGLang alike."""
+reference never from fefca4172 (#121) on (through the estimate: planner/ref_offload.py), for vLLM's 'device' and
+'free' budgets and SGLang alike."""
 
 from __future__ import annotations
 
@@ -43,13 +44,13 @@ def test_the_actor_counts_under_param_offload_only_before_1118(memory: str) -> N
 
 
 @pytest.mark.parametrize("memory", ["device", "free"])
-def test_the_reference_counts_only_before_121(memory: str) -> None:
+def test_the_reference_counts_as_its_caller_gives_it(memory: str) -> None:
+    """The caller passes the reference's shard only where it is on the GPU (planner/ref_offload.py: verl's FSDP
+    reference since #121 never is, whatever ref.param_offload); the #121 dating itself is checked through the
+    estimate below and in tests/planner/test_ref_offload.py."""
     base = sum(OVERHEADS.values())
-    # since #121 the reference is wrapped in FSDP CPUOffload whatever ref.param_offload
-    assert resident(param_offload=True, ref_bytes=3 * GIB, vllm_memory=memory) == base
-    # before, it was built (before the actor and its rollout) on the GPU unless ref param_offload moved it
-    old = resident(param_offload=True, ref_bytes=3 * GIB, vllm_memory=memory, ref_forced_cpu_offload=False)
-    assert old == base + 3 * GIB
+    assert resident(param_offload=True, ref_bytes=3 * GIB, vllm_memory=memory) == base + 3 * GIB
+    assert resident(param_offload=True, ref_bytes=0, vllm_memory=memory) == base
 
 
 def test_an_engine_measuring_its_own_memory_counts_none_of_it() -> None:

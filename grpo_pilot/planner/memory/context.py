@@ -35,6 +35,7 @@ from grpo_pilot.planner.memory.shared_prompts import SharedLayout, micro_batch_l
 from grpo_pilot.planner.memory.tokens import budget_tokens_per_rank, fixed_tokens_per_rank, sequences_per_sp_group
 from grpo_pilot.planner.memory.vllm_budget import VllmBudget, VllmSettings, vllm_budget
 from grpo_pilot.planner.overheads import Overheads
+from grpo_pilot.planner.ref_offload import ref_offloaded
 from grpo_pilot.planner.traits import ExecutorTraits
 from grpo_pilot.profiles.spec import ModelSpec
 
@@ -106,17 +107,17 @@ def engine_start_resident_bytes(
     offloaded there only since 0fb0bedb7 (#1118, 2025-04-28; fsdp_workers.py init_model `offload_fsdp_model_to_cpu`);
     before, init moved only the gradients (fsdp_workers.py@v0.2 `offload_fsdp_grad`, 'param is require during
     state_dict in sharding manager') or, from 9db52329f (#284), nothing: `knobs.actor_offload_at_init` False counts
-    them whatever param_offload. The reference (`ref_bytes`: its shard, 0 without a reference model or with
-    ref param_offload) counts only before fefca4172 (#121, 2025-01-24): since, _build_model_optimizer wraps it in
-    FSDP CPUOffload(offload_params=True) whatever the key (FSDP2: CPUOffloadPolicy, db84a4007 #1026), so its
-    parameters are on the host (`knobs.ref_forced_cpu_offload`); before, init_model offloaded it only under ref
-    param_offload (fsdp_workers.py@fefca4172^ `offload_fsdp_param_and_grad`). Other executors keep the knobs'
-    defaults (today's verl)."""
+    them whatever param_offload. The reference (`ref_bytes`: its shard, 0 without a reference model) counts unless it
+    is offloaded: the caller passes 0 where planner/ref_offload.py `ref_offloaded` says so — under its param_offload
+    key (init_model offloaded it: fsdp_workers.py@fefca4172^ `offload_fsdp_param_and_grad`, megatron_workers.py
+    `offload_megatron_model_to_cpu`), and for verl's FSDP reference since fefca4172 (#121, 2025-01-24) whatever
+    the key: _build_model_optimizer wraps it in FSDP CPUOffload(offload_params=True) (FSDP2: CPUOffloadPolicy,
+    db84a4007 #1026), so its parameters are on the host (`knobs.ref_forced_cpu_offload`; not the Megatron
+    backend's). Other executors keep the knobs' defaults (today's verl)."""
     if (knobs.vllm_memory == "instance" and knobs.rollout_backend != "sglang") or split:
         return 0
     actor = 0 if param_offload and knobs.actor_offload_at_init else master_bytes
-    ref = 0 if knobs.ref_forced_cpu_offload else ref_bytes
-    return actor + ref + sum(trainer_overheads.values()) + critic_bytes
+    return actor + ref_bytes + sum(trainer_overheads.values()) + critic_bytes
 
 
 def process_overheads(
@@ -390,7 +391,8 @@ def _rollout_side(
         # the actor's parameters at the engine's start
         held_bytes=held.states.master_bytes + held.states.frozen_base_bytes,
         fam=held.fam,
-        ref_bytes=0 if knobs.ref_param_offload and device.offload_meaningful else held.states.ref_bytes,
+        # verl's FSDP reference since #121 is on the host whatever the key (planner/ref_offload.py)
+        ref_bytes=0 if ref_offloaded(knobs, executor) and device.offload_meaningful else held.states.ref_bytes,
     )
     leftovers = rollout_leftovers(budget, executor, lay.split, knobs.rollout_backend)
     return _RolloutSide(trainer_oh, rollout_oh, budget, leftovers)
@@ -433,7 +435,7 @@ def memory_context(
         has_ref=has_ref,
         param_offload=p_off,
         optimizer_offload=knobs.optimizer_offload and device.offload_meaningful,
-        ref_offload=knobs.ref_param_offload and device.offload_meaningful,
+        ref_offload=ref_offloaded(knobs, executor) and device.offload_meaningful,  # the key or verl's force
         master_bytes=states.master_bytes,
         grad_bytes=states.grad_bytes,
         adam_bytes=states.adam_bytes,

@@ -5,7 +5,8 @@
 - actor grads (param_offload, grpo-pilot and trl): FSDP2 CPU offload / ZeRO-3 offload keep the
   sharded grads on the host too. verl frees grads (`zero_grad()` at the end of update_policy)
   before `offload_fsdp_model_to_cpu`, so it has none on the host.
-- Adam states (optimizer_offload) and the reference shard (ref_param_offload).
+- Adam states (optimizer_offload) and the reference shard (ref_param_offload, or verl's FSDP reference, offloaded
+  whatever the key since #121: planner/ref_offload.py; FSDP1 pins the local shard, FSDP2 pin_memory=True).
 - one process per GPU on the node (trainer or rollout worker), each with a baseline RSS.
 On the cpu pseudo-device host RAM *is* the device: there is nothing to offload to, so only the
 process baseline is reported here (the phases already count every tensor).
