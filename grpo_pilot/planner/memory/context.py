@@ -93,6 +93,8 @@ def engine_start_resident_bytes(
     split: bool,
     critic_bytes: int = 0,
     ref_bytes: int = 0,
+    optimizer_bytes: int = 0,
+    offloads_actor_at_init: bool | None = None,
 ) -> int:
     """Trainer memory on a colocated GPU when the rollout engine profiles (counted against its budget when
     knobs.vllm_memory is 'device' or 'free', and always for SGLang, which measures the memory free at its start
@@ -113,11 +115,22 @@ def engine_start_resident_bytes(
     `offload_megatron_model_to_cpu`), and for verl's FSDP reference since fefca4172 (#121, 2025-01-24) whatever
     the key: _build_model_optimizer wraps it in FSDP CPUOffload(offload_params=True) (FSDP2: CPUOffloadPolicy,
     db84a4007 #1026), so its parameters are on the host (`knobs.ref_forced_cpu_offload`; not the Megatron
-    backend's). Other executors keep the knobs' defaults (today's verl)."""
+    backend's). Other executors keep the knobs' defaults (today's verl).
+
+    verl's Megatron backend (memory/megatron_phases.py) goes through the same rule with its own states: the
+    reference is its own worker there too (main_ppo.py `Role.RefPolicy` -> megatron_workers.ActorRolloutRefWorker,
+    built by ray_trainer.init_workers before the actor; the new engine builds it first in its init_model,
+    engine_workers.py@b178a3cd5), left on the GPU unless `ref.megatron.param_offload` (megatron_workers.py
+    init_model `offload_megatron_model_to_cpu(self.ref_module)`, @cc8fca504, @503ea75f5 and @b178a3cd5). Its actor
+    (`master_bytes`: the bf16 params and the DDP grad buffer) is offloaded at init under param_offload since that
+    offload exists (#1162, cc8fca504: `offloads_actor_at_init` True, whatever `knobs.actor_offload_at_init`, which
+    dates FSDP's #1118), and `optimizer_bytes` is what its optimizer built at construction (the caller passes 0
+    where the optimizer offload moved it). None of the two is FSDP's: its AdamW states appear at the first step."""
     if (knobs.vllm_memory == "instance" and knobs.rollout_backend != "sglang") or split:
         return 0
-    actor = 0 if param_offload and knobs.actor_offload_at_init else master_bytes
-    return actor + ref_bytes + sum(trainer_overheads.values()) + critic_bytes
+    at_init = knobs.actor_offload_at_init if offloads_actor_at_init is None else offloads_actor_at_init
+    actor = 0 if param_offload and at_init else master_bytes
+    return actor + optimizer_bytes + ref_bytes + sum(trainer_overheads.values()) + critic_bytes
 
 
 def process_overheads(

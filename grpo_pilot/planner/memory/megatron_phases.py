@@ -8,7 +8,8 @@ flight) or the last (final norm, output layer, the logits).
 
 - rollout: the trainer's states under verl's load-use-offload (`megatron_resident_items`) beside the rollout
   engine (vLLM or SGLang, `rollout_engines.py`), whose budget sees what the trainer held at its start
-  (bf16 params and the fp32 grad buffer unless `param_offload`: the DDP buffers exist from model build);
+  (`engine_start_held_bytes`: bf16 params and the fp32 grad buffer unless `param_offload`, the optimizer's fp32
+  main params unless `optimizer_offload`, the reference's shard unless `ref_param_offload`);
 - log_prob: the old-policy pass (params on) and the reference pass (ref params on), forward-only pipelines:
   one layer's forward transient per stage (`forward_only_bytes`), the last stage's vocab-parallel logits
   (with entropy for the old-policy pass: verl's `compute_log_prob(calculate_entropy=True)`);
@@ -35,6 +36,7 @@ from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.planner.config import Knobs, old_logprob_pass_needed
 from grpo_pilot.planner.memory.context import (
     MemoryContext,
+    engine_start_resident_bytes,
     micro_batch_tokens_per_rank,
     rollout_engine,
     rollout_leftovers,
@@ -146,12 +148,38 @@ def _resident(ctx: MemoryContext, stage: _Stage, phase: str) -> dict[str, int]:
     )
 
 
+def engine_start_held_bytes(ctx: MemoryContext, first: _Stage) -> int:
+    """What the Megatron trainer holds on a colocated GPU when the rollout engine measures it, through the FSDP
+    path's rule (memory/context.py `engine_start_resident_bytes`, counted for vLLM's 'device' / 'free' and SGLang):
+    - the actor's bf16 params and fp32 grad buffer (Megatron DDP allocates both at model build) unless
+      param_offload: verl's init_model offloads them before `_build_rollout` (megatron_workers.py
+      `offload_megatron_model_to_cpu(self.actor_module)`, volcengine/verl@cc8fca504 #1162 through @b178a3cd5);
+    - the optimizer's fp32 main params unless optimizer_offload: Megatron-LM builds them when the optimizer is
+      constructed (NVIDIA/Megatron-LM megatron/core/optimizer/distrib_optimizer.py, DistributedOptimizer.__init__
+      -> `_build_model_and_main_param_groups`: `shard_model_param.clone().float()`), and verl's init offloads them
+      under optimizer_offload only (megatron_utils.py `offload_megatron_copy_params`: `shard_fp32_from_float16_groups`,
+      @cc8fca504 and @b178a3cd5); Adam's moments appear at the first step (the same offload moves them if present);
+    - the reference's bf16 shard (TP × PP, `_stages`) unless it is offloaded: built before the actor and rollout
+      and offloaded by init_model only under `ref.megatron.param_offload` (planner/ref_offload.py: no forced
+      offload outside FSDP; `ctx.ref_offload`);
+    - the process overheads. No critic: refused under Megatron (planner/support.py)."""
+    s = first.states
+    return engine_start_resident_bytes(
+        ctx.knobs,
+        master_bytes=s.params_bytes + s.grads_bytes,
+        param_offload=ctx.param_offload,
+        trainer_overheads=ctx.trainer_overheads,
+        split=ctx.layout.split,
+        ref_bytes=0 if ctx.ref_offload else first.ref_params_bytes,
+        optimizer_bytes=0 if ctx.optimizer_offload else s.master_bytes,
+        offloads_actor_at_init=True,
+    )
+
+
 def _engine_budget(ctx: MemoryContext, first: _Stage) -> VllmBudget | None:
-    """The rollout engine's budget with what the Megatron trainer holds when it starts (module docstring)."""
+    """The rollout engine's budget with what the Megatron trainer holds when it starts (`engine_start_held_bytes`)."""
     k = ctx.knobs
-    counts = not ctx.layout.split and (k.vllm_memory != "instance" or k.rollout_backend == "sglang")
-    held = 0 if ctx.param_offload else first.states.params_bytes + first.states.grads_bytes
-    preexisting = held + sum(ctx.trainer_overheads.values()) if counts else 0
+    preexisting = engine_start_held_bytes(ctx, first)
     return rollout_engine(
         ctx.model,
         k,
