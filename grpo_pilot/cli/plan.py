@@ -23,6 +23,7 @@ from grpo_pilot.cli.plan_inputs import launch_cluster, length_fields, make_workl
 from grpo_pilot.cli.plan_render import list_models, render
 from grpo_pilot.errors import ConditionalFitError, InfeasibleError, InputError
 from grpo_pilot.hardware.cluster import Cluster, parse_cluster, parse_size_bytes
+from grpo_pilot.hardware.gpus import GPUSpec, lookup_gpu
 from grpo_pilot.planner.adapters import adapters_modelled, flag_adapter
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
 from grpo_pilot.planner.plan import Plan, check_plan_out, save_plan
@@ -194,7 +195,8 @@ def _launch(
 
         script_args = split_words(args.script_args) if args.script_args else []
         text = read_text(args.from_verl, "verl launch script")
-        launch = read_verl(text, args.override, script_args=script_args, model_fallback=args.model)
+        gpu = _named_gpu(args.gpus, host_bytes)
+        launch = read_verl(text, args.override, script_args=script_args, model_fallback=args.model, gpu=gpu)
         cluster = launch_cluster(args.gpus, launch.num_nodes, launch.gpus_per_node, host_bytes)
         workload_fields, knobs, notes, target = dict(launch.workload), launch.knobs, list(launch.notes), "verl"
         launch_model, hf_overrides = launch.model, dict(launch.hf_overrides)
@@ -227,6 +229,20 @@ def _launch(
             "Pass --model with a bundled alias of the same architecture or a path to its config.json.",
         ) from None
     return chosen, cluster, workload, knob_values, notes, target, hf_overrides
+
+
+def _named_gpu(gpus: str | None, host_bytes: int | None) -> GPUSpec | None:
+    """The GPU `--gpus` names (a name or a full layout), None without one or for a bad one (`launch_cluster`
+    refuses it with the launch's counts)."""
+    if not gpus:
+        return None
+    gpu = lookup_gpu(gpus)
+    if gpu is not None:
+        return gpu
+    try:
+        return parse_cluster(gpus, host_bytes).gpu
+    except InputError:
+        return None
 
 
 def _flag_adapter(args: PlanArgs) -> Any:

@@ -29,9 +29,9 @@ from typing import Any, Mapping, NamedTuple, Sequence
 from pydantic import Field
 
 from grpo_pilot.errors import InputError
+from grpo_pilot.hardware.gpus import GPUSpec
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.adapters import AdapterSettings, refuse, show, verl_adapter
-from grpo_pilot.planner.memory.vllm_budget import VLLM_DEFAULT_MAX_NUM_SEQS
 from grpo_pilot.planner.shell_words import read_script
 from grpo_pilot.planner.verl_batches import BatchSettings, micro_batches
 from grpo_pilot.planner.verl_families import (
@@ -50,6 +50,7 @@ from grpo_pilot.planner.verl_versions import (
     VLLM_VERSION_WORD,
     VerlWindow,
     init_offload_knobs,
+    vllm_default_seqs_of,
     vllm_memory_of,
     window,
 )
@@ -324,6 +325,7 @@ def verl_launch(
     model_fallback: str | None = None,
     adapters_modelled: bool = True,
     config_name: str = "",
+    gpu: GPUSpec | None = None,
 ) -> VerlLaunch:
     """Map verl keys (the launch's verl's defaults for the rest) to planner inputs; see the module docstring.
 
@@ -347,7 +349,8 @@ def verl_launch(
     divisor = megatron_data_parallel_divisor(v) if megatron else None
     batches = micro_batches(_batch_settings(v, nnodes * per_node, divisor), win, notes)
     knobs = {**_knobs(v, env, batches, notes), **allocator_knobs(env, win, notes)}
-    knobs["max_num_seqs"] = engine_max_num_seqs(knobs, win, notes)
+    installed = str(env.get(VLLM_VERSION_WORD, "")).strip()
+    knobs["max_num_seqs"] = engine_max_num_seqs(knobs, win, notes, installed=installed, gpu=gpu)
     knobs["vllm_memory"] = vllm_memory_of(knobs, env, win, notes)
     # verl before 25b0f2262 (#1100): dp_actor._forward_micro_batch computes the entropy in every pass
     knobs["entropy_every_pass"] = win.side(next(c for c in CHANGES if c.name == "entropy")) == "before"
@@ -536,20 +539,26 @@ def allocator_knobs(env: Mapping[str, str], win: VerlWindow, notes: list[str]) -
     return out
 
 
-def engine_max_num_seqs(knobs: Mapping[str, Any], win: VerlWindow, notes: list[str]) -> int:
+def engine_max_num_seqs(
+    knobs: Mapping[str, Any], win: VerlWindow, notes: list[str], *, installed: str, gpu: GPUSpec | None
+) -> int:
     """The max_num_seqs the vLLM engine runs with: rollout.max_num_seqs since verl passes it (#2960), vLLM's own
-    default before (`verl_versions.CHANGES` "max_num_seqs_passed"); where the window straddles, the key with a
-    note."""
+    default before (`verl_versions.CHANGES` "max_num_seqs_passed"; `vllm_default_seqs_of` for `installed`, the
+    VLLM_VERSION word, and `gpu`); where the window straddles, the key with a note."""
     value = int(knobs["max_num_seqs"])
     if knobs["rollout_backend"] != "vllm":
         return value
     change = next(c for c in CHANGES if c.name == "max_num_seqs_passed")
-    engine_default = VLLM_DEFAULT_MAX_NUM_SEQS[str(knobs["vllm_engine"])]
     side = win.side(change)
+    if side == "after" or (side is None and win.after is not None and win.after >= change.at):
+        return value
+    engine_default, caveat = vllm_default_seqs_of(str(knobs["vllm_engine"]), win, installed, gpu)
     if side == "before":
         notes.append(f"max_num_seqs = {engine_default}: vLLM's default, not the key's {value} ({change.what})")
+        if caveat:
+            notes.append(caveat)
         return engine_default
-    if side is None and value != engine_default and (win.after is None or win.after < change.at):
+    if value != engine_default:
         notes.append(
             f"max_num_seqs planned at the key's {value}; verl before {change.at[:10]} ({change.source}): "
             f"{change.what} ({engine_default}) — if the launch's verl is older, pass --override "
@@ -567,6 +576,7 @@ def read_verl(
     *,
     script_args: Sequence[str] = (),
     model_fallback: str | None = None,
+    gpu: GPUSpec | None = None,
 ) -> VerlLaunch:
     """`launch_words` (the script run with `script_args`) + `--override` words on top + `verl_launch`.
 
@@ -593,5 +603,6 @@ def read_verl(
         version=version,
         model_fallback=model_fallback,
         config_name=read.config_name,
+        gpu=gpu,
     )
     return launch.model_copy(update={"notes": tuple(read.notes) + launch.notes})

@@ -19,6 +19,16 @@ import re
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from grpo_pilot.errors import InputError
+from grpo_pilot.hardware.gpus import GPUSpec
+from grpo_pilot.planner.vllm_defaults import (
+    A100_RULE_FROM,
+    DEVICE_RULE_FROM,
+    V1_SMALL_DEVICE_MAX_NUM_SEQS,
+    VLLM_DEFAULT_MAX_NUM_SEQS,
+    device_gets_large_default,
+    parse_vllm_version,
+    vllm_default_max_num_seqs,
+)
 
 ARR = "actor_rollout_ref."
 VERSION_WORD = "VERL_VERSION"  # an --override word that pins the verl release (verl_versions.parse_pin)
@@ -137,6 +147,17 @@ CHANGES: tuple[Change, ...] = (
         "require during state_dict in sharding manager', fsdp_workers.py@v0.2; from 9db52329f (#284) nothing at "
         "all), so its parameters were resident when the rollout engine was built and measured the GPU; since, "
         "init_model offloads them (offload_fsdp_model_to_cpu) before _build_rollout",
+    ),
+    Change(
+        "vllm_084_allowed",
+        "2025-05-14T06:40",
+        "verl 43782a24b (#1505)",
+        None,
+        "0.8.3",
+        "0.8.5",
+        "setup.py allowed vllm<=0.8.3 (<=0.8.2 before 64672aef3, #1186), whose V1 engine defaults max_num_seqs to "
+        "1024 on every device; since, vllm<=0.8.5 (<=0.9.1 from d255783a0, #2747), whose default is 256 on a "
+        "device under 70 GiB (planner/vllm_defaults.py)",
     ),
     Change(
         "enforce_eager",
@@ -316,6 +337,32 @@ def vllm_memory_of(knobs: Mapping[str, Any], env: Mapping[str, str], win: VerlWi
         )
         return "device"
     return "instance"
+
+
+def vllm_default_seqs_of(engine: str, win: VerlWindow, installed: str, gpu: GPUSpec | None) -> tuple[int, str | None]:
+    """vLLM's default max_num_seqs for this launch (planner/vllm_defaults.py) and a caveat where it is assumed:
+    the installed vLLM's when VLLM_VERSION names it, else vLLM 0.8.3's (what verl allowed before #1505), with a
+    note where a later vLLM verl allowed would give this GPU another value."""
+    today = VLLM_DEFAULT_MAX_NUM_SEQS[engine]
+    version = parse_vllm_version(installed) if installed else None
+    if version is not None:
+        resolved = vllm_default_max_num_seqs(engine, version, gpu)
+        if resolved is not None:
+            return resolved, None
+        return today, (
+            f"max_num_seqs planned at {today}; vLLM {installed}'s V1 default depends on the device (1024 from "
+            f"70 GiB, 256 below: vllm #16158), which is not known here"
+        )
+    allowed = next(c for c in CHANGES if c.name == "vllm_084_allowed")
+    if engine == "v0" or win.side(allowed) == "before" or gpu is None or gpu.is_cpu:
+        return today, None
+    if device_gets_large_default(gpu, DEVICE_RULE_FROM) and device_gets_large_default(gpu, A100_RULE_FROM):
+        return today, None
+    return today, (
+        f"max_num_seqs = {today} assumes vLLM <= 0.8.3; from {allowed.at[:10]} ({allowed.source}) verl allowed "
+        f"later vLLM, whose V1 default on a {gpu.name} is {V1_SMALL_DEVICE_MAX_NUM_SEQS} (under 70 GiB: vllm #16158, "
+        f"0.8.4; an A100: #17885, 0.9.0) — pass --override {VLLM_VERSION_WORD}=<installed vLLM>"
+    )
 
 
 def init_offload_knobs(

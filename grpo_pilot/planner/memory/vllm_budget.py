@@ -44,10 +44,6 @@ from grpo_pilot.planner.overheads import Overheads
 from grpo_pilot.profiles.spec import ModelSpec
 
 VLLM_DEFAULT_MAX_CAPTURE_SIZE = 512  # vllm/config/vllm.py default_max_graph_size (1024 on Blackwell)
-# vLLM's max_num_seqs when the caller leaves it unset (vllm/engine/arg_utils.py v0.8.3: `_set_default_args_v0`
-# 256, as EngineArgs.max_num_seqs in verl's vendored vLLM 0.5.4 (third_party/vllm/vllm_v_0_5_4/arg_utils.py
-# line 87); `_set_default_args_v1` 1024)
-VLLM_DEFAULT_MAX_NUM_SEQS = {"v0": 256, "v1": 1024}
 
 
 class VllmBudget(NamedTuple):
