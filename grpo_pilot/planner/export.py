@@ -27,11 +27,11 @@ from grpo_pilot.planner.export_families import (
     trl_peft_lines,
     verl_family_overrides,
 )
-from grpo_pilot.planner.from_verl import EXPANDABLE_ENV
 from grpo_pilot.planner.plan import Plan
 from grpo_pilot.planner.ref_offload import forced_ref_offload
 from grpo_pilot.planner.roofline import pools
 from grpo_pilot.planner.traits import traits_for
+from grpo_pilot.planner.verl_engine_knobs import EXPANDABLE_ENV
 from grpo_pilot.planner.verl_versions import CHANGES
 
 # KL settings of verl's GRPO example scripts (examples/grpo_trainer/run_qwen2-7b.sh: kl_loss_coef

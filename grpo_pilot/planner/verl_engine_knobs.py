@@ -1,0 +1,68 @@
+"""The engine-side knobs a verl launch's version implies: the trainer's caching allocator and cache releases, and
+the max_num_seqs its vLLM engine really ran with (`verl_versions.CHANGES`; read by from_verl.py)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from grpo_pilot.hardware.gpus import GPUSpec
+from grpo_pilot.planner.verl_versions import CHANGES, VERSION_WORD, VerlWindow, vllm_default_seqs_of
+
+ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"  # c10 CUDAAllocatorConfig reads it at the first CUDA allocation
+EXPANDABLE_ENV = f"{ALLOC_CONF_VAR}=expandable_segments:True"
+EXPANDABLE_SEGMENTS_TRUE = re.compile(r"(^|,)\s*expandable_segments\s*:\s*true\s*(,|$)", re.I)
+
+
+def allocator_knobs(env: Mapping[str, str], win: VerlWindow, notes: list[str]) -> dict[str, Any]:
+    """The trainer's allocator setting and cache releases of the launch's verl (`verl_versions.CHANGES`):
+    expandable segments since #3020 (or where PYTORCH_CUDA_ALLOC_CONF sets them), a release after every worker
+    method before #556; where the window straddles a change, today's behaviour with a note."""
+    out = {"allocator": "expandable", "release_cache": "verl"}
+    conf = str(env.get(ALLOC_CONF_VAR, ""))
+    env_expandable = EXPANDABLE_SEGMENTS_TRUE.search(conf) is not None
+    for name, knob in (("release_each_call", "release_cache"), ("expandable_segments", "allocator")):
+        change = next(c for c in CHANGES if c.name == name)
+        side = win.side(change)
+        if knob == "allocator" and env_expandable:
+            if side == "before":
+                notes.append(f"{ALLOC_CONF_VAR}={conf[:60]}: the trainer runs expandable segments")
+            continue
+        if side == "before":
+            out[knob] = change.before
+            notes.append(f"{knob} = {change.before}: that verl's behaviour ({change.source} changed it): {change.what}")
+        elif side is None and (win.after is None or win.after < change.at):
+            notes.append(
+                f"{knob} planned as today's {change.after}; verl before {change.at[:10]} ({change.source}): "
+                f"{change.what} — if the launch's verl is older, pass --override {VERSION_WORD}=<release or date>"
+                + (f" (or set {EXPANDABLE_ENV})" if knob == "allocator" else "")
+            )
+    return out
+
+
+def engine_max_num_seqs(
+    knobs: Mapping[str, Any], win: VerlWindow, notes: list[str], *, installed: str, gpu: GPUSpec | None
+) -> int:
+    """The max_num_seqs the vLLM engine runs with: rollout.max_num_seqs since verl passes it (#2960), vLLM's own
+    default before (`verl_versions.CHANGES` "max_num_seqs_passed"; `vllm_default_seqs_of` for `installed`, the
+    VLLM_VERSION word, and `gpu`); where the window straddles, the key with a note."""
+    value = int(knobs["max_num_seqs"])
+    if knobs["rollout_backend"] != "vllm":
+        return value
+    change = next(c for c in CHANGES if c.name == "max_num_seqs_passed")
+    side = win.side(change)
+    if side == "after" or (side is None and win.after is not None and win.after >= change.at):
+        return value
+    engine_default, caveat = vllm_default_seqs_of(str(knobs["vllm_engine"]), win, installed, gpu)
+    if side == "before":
+        notes.append(f"max_num_seqs = {engine_default}: vLLM's default, not the key's {value} ({change.what})")
+        if caveat:
+            notes.append(caveat)
+        return engine_default
+    if value != engine_default:
+        notes.append(
+            f"max_num_seqs planned at the key's {value}; verl before {change.at[:10]} ({change.source}): "
+            f"{change.what} ({engine_default}) — if the launch's verl is older, pass --override "
+            f"{VERSION_WORD}=<release or date>"
+        )
+    return value
