@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -64,7 +66,7 @@ def test_the_measured_case_records_its_first_allocations(monkeypatch):
     minutes of fake-tensor work on two cores)."""
 
     class Stop(Exception):
-        pass
+        """Raised at the first rollout: the recording got that far."""
 
     seen: list = []
 
@@ -76,10 +78,8 @@ def test_the_measured_case_records_its_first_allocations(monkeypatch):
     case = {"plan_command": "grpo-plan --model qwen2.5-0.5b --gpus 1xH200 --prompts-per-step 16 --mini-batch 16 "
             "--n 4 --prompt-len 64 --response-len 256 --no-kl --pin rollout_backend=hf",
             "knobs": {"micro_batch_size_per_gpu": 16, "rollout_backend": "hf"}}  # fmt: skip
-    try:
+    with pytest.raises(Stop):
         allocator_replay.record_case(case, steps=1, rollout=True)
-    except Stop:
-        pass
     ((prompts, new_tokens),) = seen
     assert new_tokens == 256 and len(prompts) == 16 * 4
     assert {len(p) for p in prompts} == {64 - 2}  # the runs' prompts: prompt_len - 2 tokens
