@@ -36,8 +36,8 @@ verl, unfused (volcengine/verl@b178a3cd5 verl/workers/actor/dp_actor.py `_forwar
 verl, padded (`model.use_remove_padding=False`, the knob `remove_padding`; dp_actor.py `_forward_micro_batch` "not
   using rmpad" branch: Jiayi-Pan/TinyZero@b19c457 verl/workers/actor/dp_actor.py L122–137 (verl 0.1),
   volcengine/verl@b178a3cd5 L346–375). The model returns the logits of every padded position [B, S, V] in the
-  compute dtype (bf16 autocast; transformers 4.45's Qwen2ForCausalLM still called `.float()` on them with "TODO:
-  remove the float() operation in v4.46", 4.46+ does not; TinyZero pins transformers<4.48 beside vllm 0.6.3's
+  compute dtype (bf16 autocast; transformers 4.45's Qwen2ForCausalLM still called `.float()` on them, marked there
+  for removal in v4.46, and 4.46+ does not; TinyZero pins transformers<4.48 beside vllm 0.6.3's
   >=4.45.2, which resolves to 4.47); they are divided by the temperature in place and sliced to the response [B, R,
   V] (a view: the full tensor stays alive while any saved tensor views it). F = B·S·V, R = B·R·V elements.
   Log-probs: flash-attn's cross-entropy on `reshape(-1, V)` of the view — a compute-dtype copy (c·R), saved, with a
