@@ -32,7 +32,7 @@ from grpo_pilot.planner.ref_offload import forced_ref_offload
 from grpo_pilot.planner.roofline import pools
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.planner.verl_engine_knobs import EXPANDABLE_ENV
-from grpo_pilot.planner.verl_versions import CHANGES
+from grpo_pilot.planner.verl_versions import change_named
 
 # KL settings of verl's GRPO example scripts (examples/grpo_trainer/run_qwen2-7b.sh: kl_loss_coef
 # 0.001, kl_loss_type low_var_kl); the workload only says whether the KL loss is on.
@@ -59,7 +59,7 @@ def micro_batch_seqs(plan: Plan) -> int:
 
 def _verl_allocator_note(plan: Plan) -> str:
     """What the plan's allocator setting means for a verl launch (verl_versions.CHANGES 'expandable_segments')."""
-    since = next(c.source for c in CHANGES if c.name == "expandable_segments")
+    since = change_named("expandable_segments").source
     if plan.knobs.allocator == "expandable":
         return (
             f"the plan assumes expandable segments ({since} and later set them for training); with an older "

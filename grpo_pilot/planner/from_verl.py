@@ -50,6 +50,7 @@ from grpo_pilot.planner.verl_versions import (
     VERSION_WORD,
     VLLM_VERSION_WORD,
     VerlWindow,
+    change_named,
     init_offload_knobs,
     vllm_memory_of,
     window,
@@ -350,7 +351,7 @@ def verl_launch(
     knobs["max_num_seqs"] = engine_max_num_seqs(knobs, win, notes, installed=installed, gpu=gpu)
     knobs["vllm_memory"] = vllm_memory_of(knobs, env, win, notes)
     # verl before 25b0f2262 (#1100): dp_actor._forward_micro_batch computes the entropy in every pass
-    knobs["entropy_every_pass"] = win.side(next(c for c in CHANGES if c.name == "entropy")) == "before"
+    knobs["entropy_every_pass"] = win.side(change_named("entropy")) == "before"
     knobs.update(_family_knobs(v, megatron, adapter is not None, notes))
     use_kl = v.flag(ARR + "actor.use_kl_loss") or v.flag("algorithm.use_kl_in_reward")  # a reference model exists
     if not megatron:  # fsdp_workers' init (megatron_workers builds its own)
@@ -434,7 +435,7 @@ def _adapter(v: _Values) -> AdapterSettings | None:
 def _entropy(v: _Values, win: VerlWindow, notes: list[str]) -> float:
     key = ARR + "actor.entropy_coeff"
     coeff = v.number(key, low=0.0, high=1e6) if v.get(key) is not None else 0.0
-    entropy_change = next(c for c in CHANGES if c.name == "entropy")
+    entropy_change = change_named("entropy")
     if coeff == 0.0 and win.side(entropy_change) == "before":
         notes.append(
             "entropy_coeff=0, but this verl computes the entropy in every update anyway "

@@ -20,11 +20,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from grpo_pilot.errors import InputError
-from grpo_pilot.planner.verl_versions import CHANGES, VerlWindow
+from grpo_pilot.planner.verl_versions import VerlWindow, change_named
 
 ARR = "actor_rollout_ref."
-_TIMES_N = next(c for c in CHANGES if c.name == "micro_batch_times_n")
-_MINI_CHECK = next(c for c in CHANGES if c.name == "mini_batch_check")
+_TIMES_N = change_named("micro_batch_times_n")
+_MINI_CHECK = change_named("mini_batch_check")
 
 
 class BatchSettings(NamedTuple):

@@ -7,7 +7,7 @@ import re
 from typing import Any, Mapping
 
 from grpo_pilot.hardware.gpus import GPUSpec
-from grpo_pilot.planner.verl_versions import CHANGES, VERSION_WORD, VerlWindow, vllm_default_seqs_of
+from grpo_pilot.planner.verl_versions import VERSION_WORD, VerlWindow, change_named, vllm_default_seqs_of
 
 ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"  # c10 CUDAAllocatorConfig reads it at the first CUDA allocation
 EXPANDABLE_ENV = f"{ALLOC_CONF_VAR}=expandable_segments:True"
@@ -22,7 +22,7 @@ def allocator_knobs(env: Mapping[str, str], win: VerlWindow, notes: list[str]) -
     conf = str(env.get(ALLOC_CONF_VAR, ""))
     env_expandable = EXPANDABLE_SEGMENTS_TRUE.search(conf) is not None
     for name, knob in (("release_each_call", "release_cache"), ("expandable_segments", "allocator")):
-        change = next(c for c in CHANGES if c.name == name)
+        change = change_named(name)
         side = win.side(change)
         if knob == "allocator" and env_expandable:
             if side == "before":
@@ -49,7 +49,7 @@ def engine_max_num_seqs(
     value = int(knobs["max_num_seqs"])
     if knobs["rollout_backend"] != "vllm":
         return value
-    change = next(c for c in CHANGES if c.name == "max_num_seqs_passed")
+    change = change_named("max_num_seqs_passed")
     side = win.side(change)
     if side == "after" or (side is None and win.after is not None and win.after >= change.at):
         return value

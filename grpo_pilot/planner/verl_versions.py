@@ -275,6 +275,11 @@ class VerlWindow(NamedTuple):
         return f"verl {span} (from its keys: {'; '.join(self.reasons) or 'none that date it'})"
 
 
+def change_named(name: str) -> Change:
+    """The entry of `CHANGES` called `name`."""
+    return next(c for c in CHANGES if c.name == name)
+
+
 def parse_pin(text: str) -> str:
     """`VERL_VERSION=0.4.1` / `v0.4.1` / `2025-01-24`: the upstream time the launch's verl is at."""
     value = text.strip().lower().removeprefix("v")
@@ -316,7 +321,7 @@ def vllm_memory_of(knobs: Mapping[str, Any], env: Mapping[str, str], win: VerlWi
     """What gpu_memory_utilization bounds (`Knobs.vllm_memory`): 'free' for verl's vendored vLLM workers (verl
     before #209, or `VLLM_VERSION` 0.3.1/0.4.2/0.5.4/0.6.3 on a verl before #2257), 'device' for vLLM 0.7-0.8's
     V1 engine, else 'instance' (memory/vllm_budget.py cites each)."""
-    change = next(c for c in CHANGES if c.name == "vllm_spmd")
+    change = change_named("vllm_spmd")
     installed = str(env.get(VLLM_VERSION_WORD, "")).strip()
     if knobs["rollout_backend"] != "vllm":
         return "instance"
@@ -353,7 +358,7 @@ def vllm_default_seqs_of(engine: str, win: VerlWindow, installed: str, gpu: GPUS
             f"max_num_seqs planned at {today}; vLLM {installed}'s V1 default depends on the device (1024 from "
             f"70 GiB, 256 below: vllm #16158), which is not known here"
         )
-    allowed = next(c for c in CHANGES if c.name == "vllm_084_allowed")
+    allowed = change_named("vllm_084_allowed")
     if engine == "v0" or win.side(allowed) == "before" or gpu is None or gpu.is_cpu:
         return today, None
     if device_gets_large_default(gpu, DEVICE_RULE_FROM) and device_gets_large_default(gpu, A100_RULE_FROM):
@@ -388,7 +393,7 @@ def init_offload_knobs(
         ),
         ("ref_cpu_offload", "ref_forced_cpu_offload", ref_moves, "reference model on the GPU in every phase"),
     ):
-        change = next(c for c in CHANGES if c.name == change_name)
+        change = change_named(change_name)
         side = win.side(change)
         out[knob] = side != "before"
         if not relevant:
