@@ -7,7 +7,8 @@ actor's). Each phase is judged on the stage that peaks: the first (embedding, th
 flight) or the last (final norm, output layer, the logits).
 
 - rollout: the trainer's states under verl's load-use-offload (`megatron_resident_items`) beside the rollout
-  engine (vLLM or SGLang, `rollout_engines.py`), whose budget sees what the trainer held at its start
+  engine (vLLM or SGLang, `rollout_engines.py`), whose budget on each stage sees what the trainer held there at
+  its start (the KV tokens from the stage that leaves the engine the least, `_tightest`)
   (`engine_start_held_bytes`: bf16 params and the fp32 grad buffer unless `param_offload`, the optimizer's fp32
   main params unless `optimizer_offload`, the reference's shard unless `ref_param_offload`);
 - log_prob: the old-policy pass (params on) and the reference pass (ref params on), forward-only pipelines:
@@ -148,7 +149,7 @@ def _resident(ctx: MemoryContext, stage: _Stage, phase: str) -> dict[str, int]:
     )
 
 
-def engine_start_held_bytes(ctx: MemoryContext, first: _Stage) -> int:
+def engine_start_held_bytes(ctx: MemoryContext, stage: _Stage) -> int:
     """What the Megatron trainer holds on a colocated GPU when the rollout engine measures it, through the FSDP
     path's rule (memory/context.py `engine_start_resident_bytes`, counted for vLLM's 'device' / 'free' and SGLang):
     - the actor's bf16 params and fp32 grad buffer (Megatron DDP allocates both at model build) unless
@@ -163,23 +164,24 @@ def engine_start_held_bytes(ctx: MemoryContext, first: _Stage) -> int:
       and offloaded by init_model only under `ref.megatron.param_offload` (planner/ref_offload.py: no forced
       offload outside FSDP; `ctx.ref_offload`);
     - the process overheads. No critic: refused under Megatron (planner/support.py)."""
-    s = first.states
+    s = stage.states
     return engine_start_resident_bytes(
         ctx.knobs,
         master_bytes=s.params_bytes + s.grads_bytes,
         param_offload=ctx.param_offload,
         trainer_overheads=ctx.trainer_overheads,
         split=ctx.layout.split,
-        ref_bytes=0 if ctx.ref_offload else first.ref_params_bytes,
+        ref_bytes=0 if ctx.ref_offload else stage.ref_params_bytes,
         optimizer_bytes=0 if ctx.optimizer_offload else s.master_bytes,
         offloads_actor_at_init=True,
     )
 
 
-def _engine_budget(ctx: MemoryContext, first: _Stage) -> VllmBudget | None:
-    """The rollout engine's budget with what the Megatron trainer holds when it starts (`engine_start_held_bytes`)."""
+def _engine_budget(ctx: MemoryContext, stage: _Stage) -> VllmBudget | None:
+    """The rollout engine's budget on a GPU of `stage`, with what the Megatron trainer holds there when the engine
+    starts (`engine_start_held_bytes`)."""
     k = ctx.knobs
-    preexisting = engine_start_held_bytes(ctx, first)
+    preexisting = engine_start_held_bytes(ctx, stage)
     return rollout_engine(
         ctx.model,
         k,
@@ -242,32 +244,60 @@ class _Parts(NamedTuple):
     par: MegatronParallel
     tokens: MegatronTokens
     stages: list[_Stage]
-    budget: VllmBudget
-    leftovers: dict[str, int]
+    budgets: list[VllmBudget]  # the engine's budget on each stage's GPUs (`stages` order)
+    leftovers: list[dict[str, int]]
+
+    @property
+    def budget(self) -> VllmBudget:
+        """The smallest cache across stages (`_tightest`)."""
+        return _tightest(self.budgets)
+
+
+def _tightest(budgets: list[VllmBudget]) -> VllmBudget:
+    """The budget that bounds the rollout: the stage holding the most (the first: embedding; the last: the output
+    layer) leaves its engine the least. Megatron orders ranks tp-cp-ep-dp-pp, so a rollout TP group of consecutive
+    ranks sits inside one stage and each stage's engines size their own cache (the rollout peak pairs each stage
+    with its own budget, `_rollout`); the step waits for the slowest engine, so the KV tokens and the
+    concurrency come from the smallest. A group spanning stages gets the smallest too: vLLM gives every worker
+    of an engine the smallest worker's block count (vllm/v1/core/kv_cache_utils.py `unify_kv_cache_configs`;
+    V0: the executor's `determine_num_available_blocks`, min over workers)."""
+    return min(budgets, key=lambda b: b.kv_signed_bytes)
+
+
+def _stage_budgets(ctx: MemoryContext, stages: list[_Stage]) -> list[VllmBudget]:
+    budgets = [_engine_budget(ctx, s) for s in stages]
+    if any(b is None for b in budgets):  # refused upstream (support.py): Megatron rolls out with vLLM or SGLang
+        raise ValueError("Megatron plans need a vLLM or SGLang rollout engine")
+    return [b for b in budgets if b is not None]
 
 
 def _parts(ctx: MemoryContext) -> _Parts:
     shape = shape_of(ctx.model)
     par = megatron_parallel(ctx.knobs, ctx.layout.trainer_gpus)
     stages = _stages(ctx, shape, par)
-    budget = _engine_budget(ctx, stages[0])
-    if budget is None:  # refused upstream (support.py): Megatron rolls out with vLLM or SGLang
-        raise ValueError("Megatron plans need a vLLM or SGLang rollout engine")
-    left = rollout_leftovers(budget, ctx.executor, ctx.layout.split, ctx.knobs.rollout_backend)
-    return _Parts(shape, par, megatron_tokens(ctx, par), stages, budget, left)
+    budgets = _stage_budgets(ctx, stages)
+    left = [rollout_leftovers(b, ctx.executor, ctx.layout.split, ctx.knobs.rollout_backend) for b in budgets]
+    return _Parts(shape, par, megatron_tokens(ctx, par), stages, budgets, left)
 
 
 def megatron_engine_budget(ctx: MemoryContext) -> VllmBudget | None:
-    """The rollout engine's budget under the Megatron trainer (signed KV for the constraints)."""
+    """The rollout engine's budget under the Megatron trainer on the stage that leaves it the least (`_tightest`;
+    signed KV for the constraints)."""
     shape = shape_of(ctx.model)
-    return _engine_budget(ctx, _stages(ctx, shape, megatron_parallel(ctx.knobs, ctx.layout.trainer_gpus))[0])
+    stages = _stages(ctx, shape, megatron_parallel(ctx.knobs, ctx.layout.trainer_gpus))
+    return _tightest(_stage_budgets(ctx, stages))
 
 
 def _rollout(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int]:
-    engine = engine_items(ctx.knobs.rollout_backend, p.budget)
+    backend = ctx.knobs.rollout_backend
     if ctx.layout.split:
-        return {**engine, **ctx.rollout_overheads}
-    return _peak([finish(ctx, _resident(ctx, s, "rollout"), engine, ctx.trainer_overheads) for s in p.stages])
+        return {**engine_items(backend, p.budget), **ctx.rollout_overheads}
+    return _peak(
+        [
+            finish(ctx, _resident(ctx, s, "rollout"), engine_items(backend, b), ctx.trainer_overheads)
+            for s, b in zip(p.stages, p.budgets)
+        ]
+    )
 
 
 def _log_prob(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int]:
@@ -278,15 +308,20 @@ def _log_prob(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int]:
         finish(
             ctx,
             {**_resident(ctx, s, phase), **_log_prob_work(ctx, p.shape, par=p.par, stage=s, tok=p.tokens, ref=ref)},
-            p.leftovers,
+            left,
             ctx.trainer_overheads,
         )
-        for s in p.stages
+        for s, left in zip(p.stages, p.leftovers)
         for phase, ref in kinds
     ]
     if passes:
         return _peak(passes)
-    return finish(ctx, _resident(ctx, p.stages[0], "log_prob"), p.leftovers, ctx.trainer_overheads)
+    return _peak(
+        [
+            finish(ctx, _resident(ctx, s, "log_prob"), left, ctx.trainer_overheads)
+            for s, left in zip(p.stages, p.leftovers)
+        ]
+    )
 
 
 def _update(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int]:
@@ -295,10 +330,10 @@ def _update(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int]:
             finish(
                 ctx,
                 {**_resident(ctx, s, "update"), **_update_work(ctx, p.shape, par=p.par, stage=s, tok=p.tokens)},
-                p.leftovers,
+                left,
                 ctx.trainer_overheads,
             )
-            for s in p.stages
+            for s, left in zip(p.stages, p.leftovers)
         ]
     )
 
@@ -313,9 +348,16 @@ def _weight_sync(ctx: MemoryContext, p: _Parts, finish: Finish) -> dict[str, int
     kept = SYNC_FIELDS[ctx.knobs.rollout_backend]
     if ctx.layout.split:
         kept += ("kv_cache_bytes",)
-    engine = engine_items(ctx.knobs.rollout_backend, p.budget, include=kept)
     return _peak(
-        [finish(ctx, {**_resident(ctx, s, "weight_sync"), **transfer}, engine, ctx.trainer_overheads) for s in p.stages]
+        [
+            finish(
+                ctx,
+                {**_resident(ctx, s, "weight_sync"), **transfer},
+                engine_items(ctx.knobs.rollout_backend, b, include=kept),
+                ctx.trainer_overheads,
+            )
+            for s, b in zip(p.stages, p.budgets)
+        ]
     )
 
 
