@@ -2,9 +2,8 @@
 
 A launch with adapters must never be planned as a full fine-tune (a QLoRA 7B run on a 16 GB T4 would show
 142 GiB). The readers build an `AdapterSettings` from the keys below; it is `Workload.adapter`, the one home of
-the adapter settings, which the planner models (memory/lora_plan.py) and our engine reads. A caller that
-plans full fine-tunes only can still refuse it (`refuse`, the readers' `adapters_modelled=False`). Defaults
-are each framework's own:
+the adapter settings, which the planner models (memory/lora_plan.py) and our engine reads. Defaults are each
+framework's own:
 - TRL `ModelConfig` (trl 1.16 trl/trainer/model_config.py): `use_peft` (False), `lora_r` (16),
   `lora_alpha` (32), `lora_dropout` (0.05), `lora_target_modules` (None: peft's per-architecture
   default), `lora_modules_to_save`, `use_rslora`, `use_dora`, `load_in_4bit` / `load_in_8bit` (False),
@@ -196,13 +195,4 @@ def flag_adapter(
         quant_type="nf4" if base_bits == "4bit" else None,
         double_quant=base_bits == "4bit",
         keys=tuple(keys),
-    )
-
-
-def refuse(adapter: AdapterSettings) -> None:
-    """Adapters are not modelled yet: an InputError that says what the launch asks for."""
-    raise InputError(
-        f"The launch trains with adapters ({adapter.describe()}; from {', '.join(adapter.keys) or 'its settings'}): "
-        "LoRA / QLoRA memory and time are not modelled yet (grpo-plan plans full fine-tuning).",
-        "Plan the full fine-tune (drop the adapter settings), or wait for adapter planning.",
     )

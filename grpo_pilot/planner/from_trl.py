@@ -33,7 +33,7 @@ from pydantic import Field
 
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
-from grpo_pilot.planner.adapters import AdapterSettings, refuse, show, trl_adapter
+from grpo_pilot.planner.adapters import AdapterSettings, show, trl_adapter
 
 MAX_YAML_DEPTH = 64  # nesting of a config's mappings and lists (a GRPOConfig YAML nests 2-3 levels)
 
@@ -115,14 +115,12 @@ def _axolotl(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def trl_launch(
-    cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1, *, adapters_modelled: bool = True
-) -> TrlLaunch:
+def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> TrlLaunch:
     """Map a GRPOConfig / Axolotl mapping on `total_gpus` GPUs over `num_nodes` nodes (see module docstring).
 
     vLLM server GPUs are planned as an equal share of every node (the planner's split layout); a whole
-    node serving vLLM beside whole training nodes has the same per-GPU memory. A launch with adapters is
-    refused unless `adapters_modelled` (then `adapter` carries them)."""
+    node serving vLLM beside whole training nodes has the same per-GPU memory. A launch's adapters are
+    read into `adapter` (and the workload)."""
     if not isinstance(cfg, Mapping):
         raise InputError("The TRL config is not a mapping of settings.", "Pass a GRPOConfig YAML file.")
     notes: list[str] = []
@@ -141,8 +139,6 @@ def trl_launch(
     if not isinstance(model, str):
         raise InputError(f"model_name_or_path: {show(model)} is not a model name.", "Fix the config.")
     adapter = trl_adapter(cfg, axolotl)
-    if adapter is not None and not adapters_modelled:
-        refuse(adapter)
     batch = _batches(cfg, get, total_gpus, notes)
     use_vllm, mode, processes, micro = batch["use_vllm"], batch["mode"], batch["processes"], batch["micro"]
     knobs = _trl_knobs(cfg, get, micro, notes)
@@ -363,9 +359,7 @@ def _load_yaml(text: str, what: str) -> Any:
     return value
 
 
-def read_trl(
-    text: str, total_gpus: int, overrides: list[str] | None = None, num_nodes: int = 1, *, adapters_modelled=True
-) -> TrlLaunch:
+def read_trl(text: str, total_gpus: int, overrides: list[str] | None = None, num_nodes: int = 1) -> TrlLaunch:
     """Parse YAML text (PyYAML, imported here), apply `key=value` overrides (values read as YAML, e.g.
     `num_processes=8` for a config run on another launcher layout), and map it."""
     cfg = _load_yaml(text, "TRL config")
@@ -384,4 +378,4 @@ def read_trl(
             cfg[key.strip()] = _load_yaml(value, f"--override {key.strip()[:40]} value")
         except InputError:
             cfg[key.strip()] = value
-    return trl_launch(cfg, total_gpus, num_nodes, adapters_modelled=adapters_modelled)
+    return trl_launch(cfg, total_gpus, num_nodes)

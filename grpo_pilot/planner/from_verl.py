@@ -31,7 +31,7 @@ from pydantic import Field
 from grpo_pilot.errors import InputError
 from grpo_pilot.hardware.gpus import GPUSpec
 from grpo_pilot.models import Frozen
-from grpo_pilot.planner.adapters import AdapterSettings, refuse, show, verl_adapter
+from grpo_pilot.planner.adapters import AdapterSettings, show, verl_adapter
 from grpo_pilot.planner.shell_words import read_script
 from grpo_pilot.planner.verl_batches import BatchSettings, micro_batches
 from grpo_pilot.planner.verl_engine_knobs import allocator_knobs, engine_max_num_seqs
@@ -321,7 +321,6 @@ def verl_launch(
     added: Sequence[str] = (),
     version: str | None = None,
     model_fallback: str | None = None,
-    adapters_modelled: bool = True,
     config_name: str = "",
     gpu: GPUSpec | None = None,
 ) -> VerlLaunch:
@@ -329,7 +328,7 @@ def verl_launch(
 
     `added`: keys given with `+`; `version`: a VERL_VERSION pin; `model_fallback`: the model to plan when the
     launch leaves model.path empty (`--model`); `config_name`: the launch's --config-name (the Megatron
-    trainer's makes actor.strategy megatron). `adapters_modelled=False` refuses a LoRA launch."""
+    trainer's makes actor.strategy megatron)."""
     env = dict(env or {})
     notes: list[str] = []
     win = window([k for k in overrides if k not in added], added, version)
@@ -339,8 +338,6 @@ def verl_launch(
         defaults[ARR + "actor.strategy"] = "megatron"
     v = _Values(raw, defaults)
     adapter = _adapter(v)
-    if adapter is not None and not adapters_modelled:
-        refuse(adapter)
     model = _model_path(v, model_fallback, notes)
     nnodes, per_node = v.integer("trainer.nnodes"), v.integer("trainer.n_gpus_per_node")
     megatron = str(v.get(ARR + "actor.strategy")) == "megatron"

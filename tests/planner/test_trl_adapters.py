@@ -1,5 +1,5 @@
-"""--from-trl: adapter settings are read (never dropped) into the workload the planner models (a caller may
-still refuse them: `adapters_modelled=False`); TRL's own batch rules."""
+"""--from-trl: adapter settings are read (never dropped) into the workload the planner models; TRL's own batch
+rules."""
 
 from __future__ import annotations
 
@@ -16,10 +16,8 @@ SCRIPTS = Path(__file__).resolve().parent / "real_runs" / "scripts"
 
 def test_qlora_notebook_settings_are_read_into_the_workload() -> None:
     text = (SCRIPTS / "trl_transcribed_grpo_trl_lora_qlora_qwen2-7b-instruct.yaml").read_text()
-    with pytest.raises(InputError, match="adapters") as info:
-        read_trl(text, total_gpus=1, adapters_modelled=False)
-    assert "r=32" in info.value.message and "4bit" in info.value.message
     launch = read_trl(text, total_gpus=1)
+    assert "r=32" in launch.adapter.describe() and "4bit" in launch.adapter.describe()
     assert launch.workload["adapter"] == launch.adapter
     a = launch.adapter
     assert a is not None and (a.method, a.rank, a.alpha, a.base_quantization, a.quant_type) == (
@@ -44,12 +42,10 @@ def test_qlora_notebook_settings_are_read_into_the_workload() -> None:
     ],
 )
 def test_adapter_forms(cfg: dict, expected: tuple) -> None:
-    launch = trl_launch({"model_name_or_path": "m", **cfg}, 1, adapters_modelled=True)
+    launch = trl_launch({"model_name_or_path": "m", **cfg}, 1)
     a = launch.adapter
     assert (a.framework, a.method, a.rank, a.base_quantization) == expected
     assert launch.workload["adapter"] == a  # planned (Workload.adapter), not dropped
-    with pytest.raises(InputError, match="not modelled yet"):
-        trl_launch({"model_name_or_path": "m", **cfg}, 1, adapters_modelled=False)
 
 
 def test_verl_lora_is_read_into_the_same_structure() -> None:
@@ -61,14 +57,14 @@ def test_verl_lora_is_read_into_the_same_structure() -> None:
         "actor_rollout_ref.model.lora_rank": "32",
         "actor_rollout_ref.model.lora_alpha": "32",
     }
-    adapter = verl_launch(keys, adapters_modelled=True).adapter
+    adapter = verl_launch(keys).adapter
     assert (adapter.rank, adapter.alpha, adapter.target_modules) == (32, 32.0, ("all-linear",))
 
 
 def test_lora_without_regret_batches_are_legal() -> None:
     """TRL only needs whole groups in the generation batch: 16 completions per generation, 8 per optimizer step."""
     text = (SCRIPTS / "trl_transcribed_lora_without_regret_grpo.yaml").read_text()
-    launch = read_trl(text, total_gpus=1, adapters_modelled=True)
+    launch = read_trl(text, total_gpus=1)
     w = launch.workload
     assert (w["prompts_per_step"], w["mini_batch_prompts"], w["n"]) == (1, 1, 16)
     assert any("not whole groups" in n for n in launch.notes)
