@@ -340,3 +340,16 @@ def test_allocator_settings_come_from_the_plan_unless_the_run_config_sets_them(t
     run(plan, config(tmp_path, steps=1, output_dir=str(tmp_path / "b"), release_cache="each_phase"))
     ran = json.loads((tmp_path / "b" / "profile.json").read_text())["allocator"]
     assert (ran["setting"], ran["release_cache"]) == ("default", "each_phase")
+
+
+def test_replica_notes_follow_the_plan_item():
+    from grpo_pilot.engine.notes import run_notes
+
+    plan, colocated = tiny_plan(), load_plan("examples/tiny/plan-2xcpu-colocated.json")
+    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3)
+    planned = colocated.phases["rollout"].items["hf_replica_weights"]
+    assert not any("replica" in n or "own copy" in n for n in run_notes(colocated, **kw, rollout_replica_bytes=planned))
+    (note,) = [n for n in run_notes(plan, **kw, rollout_replica_bytes=3 << 29) if "own copy" in n]
+    assert "1.50 GiB" in note and "does not count it" in note  # a plan without the item
+    (note,) = [n for n in run_notes(colocated, **kw) if "replica" in n]
+    assert "generated without one" in note
