@@ -440,17 +440,16 @@ def _finish(
     plan: Plan, eng: Engine, rd: RunDirectory, *, done: list[StepResult], start_step: int, shared: int
 ) -> RunResult:
     """profile.json (per worker and aggregated, with the plan-mismatch notes) and the run's result."""
-    topo = eng.topology
     engine_old_pass = -(-eng.prompts_per_step // eng.mini_batch_prompts) * eng.ppo_epochs > 1
     rollout = eng.group.setup.rollout
-    hf_replica = rollout.backend == "hf" and (topo.num_workers > 1 or eng.group.setup.actor.offload)
+    replica_bytes = max(i.rollout_replica_bytes for i in eng.group.infos)
     notes = run_notes(
         plan,
         rollout_backend=rollout.backend,
         engine_old_pass=engine_old_pass,
         shared_forwards=shared,
         steps_run=len(done),
-        hf_replica=hf_replica,
+        rollout_replica_bytes=replica_bytes,
         rollout_weight_copy_bytes=max(i.rollout_weight_copy_bytes for i in eng.group.infos),
         fused_adamw_on_gpu=any(i.device.startswith("cuda") for i in eng.group.infos if i.train_rank is not None)
         and not eng.group.setup.actor.offload,
@@ -476,6 +475,7 @@ def _finish(
         rollout_backend=rollout.backend,
         allocator=allocator,
         rollout_weight_copy_bytes=max(i.rollout_weight_copy_bytes for i in infos),
+        rollout_replica_bytes=replica_bytes,
         adapter=None
         if plan.workload.adapter is None
         else AdapterReport(

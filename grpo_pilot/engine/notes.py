@@ -37,7 +37,7 @@ def run_notes(
     engine_old_pass: bool,
     shared_forwards: int,
     steps_run: int,
-    hf_replica: bool,
+    rollout_replica_bytes: int = 0,
     rollout_weight_copy_bytes: int = 0,
     fused_adamw_on_gpu: bool = False,
 ) -> tuple[str, ...]:
@@ -48,11 +48,7 @@ def run_notes(
             f"rollout backend '{rollout_backend}' is not the plan's '{plan.knobs.rollout_backend}': predictions "
             "assume the plan's",
         )
-    if hf_replica:
-        notes += (
-            "rollout: the hf backend generates on its own copy of the weights on every rollout worker (the "
-            "trainer's are sharded or elsewhere); the plan assumes it generates on the trainer's module",
-        )
+    notes += _replica_notes(plan, rollout_replica_bytes)
     k = plan.knobs
     if k.param_offload != k.optimizer_offload:
         only = "param_offload" if k.param_offload else "optimizer_offload"
@@ -81,6 +77,25 @@ def run_notes(
     if steps_run == 1:
         notes += ("only one step ran in this process: its numbers include warm-up",)
     return notes
+
+
+def _replica_notes(plan: Any, replica_bytes: int) -> tuple[str, ...]:
+    """The hf rollout's replica of the model (engine/rollout/hf.py `replica_bytes`, engine/worker.py `_build_rollout`)
+    against the plan's `hf_replica_weights` item (planner/memory/hf_rollout.py): a note only where one holds it and
+    the other not (a plan for another target, or made before the planner counted it; a run on another backend)."""
+    planned = max((p.items.get("hf_replica_weights", 0) for p in plan.phases.values()), default=0)
+    if replica_bytes and not planned:
+        return (
+            f"rollout: the hf backend generated on its own copy of the weights on every rollout worker "
+            f"({replica_bytes / 2**30:.2f} GiB each, resident in every phase); the plan (target {plan.target}) "
+            "assumes it generates on the trainer's module and does not count it (re-plan with grpo-plan)",
+        )
+    if planned and not replica_bytes:
+        return (
+            f"rollout: the plan counts a replica of the weights for the hf rollout ({planned / 2**30:.2f} GiB on "
+            "each rollout GPU); this run generated without one",
+        )
+    return ()
 
 
 def _weight_copy_notes(plan: Any, copy_bytes: int) -> tuple[str, ...]:

@@ -378,6 +378,13 @@ class RunProfile(Frozen):
         description="The hf rollout's bf16 copy of the weights (CUDA), held from the weight sync to the end of the "
         "rollout and counted in those phases' measured peaks; the plan's phases do not include it.",
     )
+    rollout_replica_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="The hf rollout's replica of the model on each rollout worker (parameter bytes; 0: it generates on "
+        "the trainer's module), resident in every phase and counted in their measured peaks; the plan's "
+        "`hf_replica_weights` item.",
+    )
     adapter: AdapterReport | None = Field(default=None, description="LoRA / DoRA runs: the adapters (None: full FT).")
     notes: tuple[str, ...] = ()
 
@@ -475,6 +482,7 @@ def build_profile(
     rollout_backend: str | None = None,
     allocator: AllocatorReport | None = None,
     rollout_weight_copy_bytes: int = 0,
+    rollout_replica_bytes: int = 0,
     adapter: AdapterReport | None = None,
 ) -> RunProfile:
     """Pure: `steps` = [(step, phase samples aggregated over workers, step wall s, trained tokens)] of this
@@ -533,6 +541,7 @@ def build_profile(
         ranks=ranks,
         allocator=allocator,
         rollout_weight_copy_bytes=rollout_weight_copy_bytes,
+        rollout_replica_bytes=rollout_replica_bytes,
         adapter=adapter,
         notes=notes,
     )

@@ -100,6 +100,9 @@ class WorkerInfo(Frozen):
     rss_source: str | None = None
     alloc_conf: str | None = Field(default=None, description="PYTORCH_CUDA_ALLOC_CONF in effect in its process.")
     rollout_weight_copy_bytes: int = Field(default=0, ge=0, description="Its hf rollout's bf16 weight copy.")
+    rollout_replica_bytes: int = Field(
+        default=0, ge=0, description="Its hf rollout's replica of the model (parameter bytes; 0: on the policy)."
+    )
     adapter_params: int = Field(default=0, ge=0, description="Trainable adapter parameters of its policy (0: none).")
     adapter_bytes: int = Field(default=0, ge=0, description="Their bytes (whole, not this rank's shard).")
 
@@ -190,6 +193,7 @@ class Worker:
             rollout_weight_copy_bytes=self.rollout.weight_copy_bytes(self.device)
             if hasattr(self.rollout, "weight_copy_bytes")
             else 0,
+            rollout_replica_bytes=self.rollout.replica_bytes() if hasattr(self.rollout, "replica_bytes") else 0,
             adapter_params=sum(p.numel() for p in adapters),
             adapter_bytes=sum(p.numel() * p.element_size() for p in adapters),
         )

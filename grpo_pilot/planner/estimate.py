@@ -44,7 +44,6 @@ from typing import NamedTuple
 
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.planner.config import Knobs, Target, Workload, old_logprob_pass_needed
-from grpo_pilot.planner.hf_decode_mode import planned_decode_mode
 from grpo_pilot.planner.memory.activations import (
     attention_mask_bytes,
     boolean_mask_bytes,
@@ -79,7 +78,14 @@ from grpo_pilot.planner.memory.fsdp import (
     layer_reduce_scatter_bytes,
     root_grad_bytes,
 )
-from grpo_pilot.planner.memory.hf_generate import StaticDecode, hf_generate_memory, static_decode_memory
+from grpo_pilot.planner.memory.hf_rollout import (
+    REPLICA_ITEM,
+    decode_mode,
+    hf_decode,
+    replica_transfer,
+    resident_replica,
+    rollout_rows,
+)
 from grpo_pilot.planner.memory.host import HostOffloads, HostShards, host_items
 from grpo_pilot.planner.memory.kv_cache import concurrent_sequences, kv_bytes_per_token_per_gpu, kv_tokens
 from grpo_pilot.planner.memory.logits import logits_block_bytes, logprob_logits_bytes
@@ -87,17 +93,16 @@ from grpo_pilot.planner.memory.megatron_phases import megatron_engine_budget, me
 from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
 from grpo_pilot.planner.memory.optimizer import adam_step_temporary_bytes
 from grpo_pilot.planner.memory.rollout_engines import SYNC_FIELDS, engine_items
-from grpo_pilot.planner.memory.shared_prompts import groups_spanned, shared_positions
-from grpo_pilot.planner.memory.tokens import scored_tokens, sequences_per_sp_group
+from grpo_pilot.planner.memory.shared_prompts import shared_positions
+from grpo_pilot.planner.memory.tokens import scored_tokens
 from grpo_pilot.planner.memory.ulysses import all_to_all_buffer_bytes
-from grpo_pilot.planner.memory.vllm_budget import forward_bytes_per_token
 from grpo_pilot.planner.memory.weight_sync import largest_gathered_bytes, largest_param_elements
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.ref_offload import ref_offload_mode
 from grpo_pilot.planner.reports import MemoryReport, PhaseMemory
 from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.spec import ModelSpec
-from grpo_pilot.units import BF16_BYTES, FP32_BYTES
+from grpo_pilot.units import FP32_BYTES
 
 
 def finish(ctx: MemoryContext, tensors: dict[str, int], engine: dict[str, int], overheads: dict[str, int]):
@@ -144,6 +149,7 @@ def resident(ctx: MemoryContext, phase: str, ref_pass: bool = False) -> dict[str
         "optimizer_states": ctx.adam_bytes if adam_on else 0,
         "ref_params": ctx.ref_bytes if ref_on else 0,
         **family_resident(ctx, phase, params_on or (ctx.lora is not None and ref_pass and loads_back)),
+        **resident_replica(ctx),  # our engine's colocated hf replica, never freed (memory/hf_rollout.py)
     }
 
 
@@ -162,8 +168,9 @@ class RolloutMemory(NamedTuple):
 
 
 def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
-    """Rollout: the vLLM budget beside what the trainer keeps resident, or HF generate on the policy."""
-    m, k, w = ctx.model, ctx.knobs, ctx.workload
+    """Rollout: the vLLM budget beside what the trainer keeps resident, or HF generate on the policy or on our
+    engine's replica (memory/hf_rollout.py)."""
+    m, k = ctx.model, ctx.knobs
     bud = ctx.vllm
     if bud is not None:
         engine = engine_items(k.rollout_backend, bud)
@@ -175,92 +182,26 @@ def rollout_memory(ctx: MemoryContext) -> RolloutMemory:
         else:
             items = finish(ctx, resident(ctx, "rollout"), engine, ctx.trainer_overheads)
         return RolloutMemory(items, bud.kv_cache_bytes, tokens, max_seqs)
+    dec = hf_decode(ctx, rollout_rows(ctx))
+    pool = {"overhead_hf_cuda_graph_pool": dec.graph_pool_bytes} if dec.graph_pool_bytes else {}
+    if ctx.hf_replica_bytes:  # our engine's replica: unsharded, nothing gathered (memory/hf_rollout.py)
+        if ctx.layout.split:  # the rollout GPU holds the replica only
+            items = {REPLICA_ITEM: ctx.hf_replica_bytes, **dec.generate.items, **pool, **ctx.rollout_overheads}
+        else:
+            items = finish(ctx, {**resident(ctx, "rollout"), **dec.generate.items}, pool, ctx.trainer_overheads)
+        return RolloutMemory(items, dec.generate.kv_cache_bytes, dec.generate.kv_cache_tokens, dec.generate.batch_seqs)
     c = ctx.precision.compute_bytes
-    batch = min(k.max_num_seqs, sequences_per_sp_group(w.responses_per_step, ctx.layout.trainer_gpus, 1))
-    static = _static_decode(ctx, batch)
-    gen = (
-        static.generate
-        if static is not None
-        else hf_generate_memory(  # buffers sized for the maximum lengths
-            batch_seqs=batch,
-            prompt_seqs=groups_spanned(batch, w.n),
-            prompt_tokens=w.prompt_len_tokens,
-            response_tokens=w.response_len_tokens,
-            # the fp32 policy under autocast keeps a float32 cache (memory/hf_generate.py)
-            kv_bytes_per_token=kv_bytes_per_token_per_gpu(m, 1, FP32_BYTES if ctx.autocast else c),
-            prefill_bytes_per_token=_unsharded_forward_bytes_per_token(m, c),
-            vocab=m.vocab_size,
-            compute_bytes=c,
-            head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
-        )
-    )
     whole = ctx.sharded and k.hf_generation_weights == "model"
     work = {
         # ZeRO-3's GatheredParameters around generate: every parameter in full, beside the shards
         "generation_gathered_model": c * m.num_params if whole else 0,
         "gathered_layers": 0 if whole else ctx.gathered_layers_bytes,
         "root_embed_lm_head": 0 if whole else ctx.root_gathered_bytes,
-        **gen.items,
+        **dec.generate.items,
         **lora_transients(ctx),
     }
-    pool = (
-        {"overhead_hf_cuda_graph_pool": static.graph_pool_bytes}
-        if static is not None and static.graph_pool_bytes
-        else {}
-    )
     items = finish(ctx, {**resident(ctx, "rollout_hf"), **work}, pool, ctx.trainer_overheads)
-    return RolloutMemory(items, gen.kv_cache_bytes, gen.kv_cache_tokens, gen.batch_seqs)
-
-
-def decode_mode(ctx: MemoryContext) -> str:
-    """The loop the plan's hf rollout runs (planner/hf_decode_mode.py)."""
-    return planned_decode_mode(
-        knobs=ctx.knobs,
-        device=ctx.device,
-        model_type=ctx.model.model_type,
-        executor=ctx.executor,
-        sharded=ctx.sharded,
-        adapters=ctx.lora is not None,
-    )
-
-
-def _static_decode(ctx: MemoryContext, batch: int) -> StaticDecode | None:
-    """The static loop's memory (memory/hf_generate.py), None when the plan's hf rollout decodes eagerly. On a GPU
-    the step runs in bf16 on a copy of the fp32 weights (engine/rollout/hf.py `rollout_dtype`); on the cpu device
-    in the weights' own dtype, without a copy."""
-    mode = decode_mode(ctx)
-    if mode == "eager":
-        return None
-    m, w, c = ctx.model, ctx.workload, ctx.precision.compute_bytes
-    step_bytes = BF16_BYTES if ctx.device.kind == "cuda" else ctx.precision.master_bytes
-    return static_decode_memory(
-        batch_seqs=batch,
-        prompt_seqs=groups_spanned(batch, w.n),
-        prompt_tokens=w.prompt_len_tokens,
-        response_tokens=w.response_len_tokens,
-        kv_bytes_per_token=kv_bytes_per_token_per_gpu(m, 1, step_bytes),
-        # the prefill runs the module itself: the fp32 policy under autocast keeps a float32 cache, as eager
-        prefill_kv_bytes_per_token=kv_bytes_per_token_per_gpu(m, 1, FP32_BYTES if ctx.autocast else c),
-        layers=m.num_layers,
-        prefill_bytes_per_token=_unsharded_forward_bytes_per_token(m, c),
-        vocab=m.vocab_size,
-        compute_bytes=step_bytes,
-        head_cast_bytes=head_weight_cast(m, c) if ctx.autocast else 0,
-        weight_copy_bytes=step_bytes * m.num_params if ctx.precision.master_bytes != step_bytes else 0,
-        graphs=mode == "cuda_graph",
-    )
-
-
-def _unsharded_forward_bytes_per_token(m: ModelSpec, compute_bytes: int) -> int:
-    """A prefill's working bytes per token on one unsharded module (memory/vllm.py's formula)."""
-    return forward_bytes_per_token(
-        hidden=m.hidden_size,
-        q_dim=m.q_dim,
-        kv_dim=m.kv_dim,
-        intermediate=m.intermediate_size,
-        tensor_parallel=1,
-        compute_bytes=compute_bytes,
-    )
+    return RolloutMemory(items, dec.generate.kv_cache_bytes, dec.generate.kv_cache_tokens, dec.generate.batch_seqs)
 
 
 def _scored(ctx: MemoryContext, tokens: int) -> int:
@@ -460,12 +401,17 @@ def _optimizer_step_bytes(ctx: MemoryContext) -> int:
 
 
 def weight_sync_memory(ctx: MemoryContext) -> dict[str, int]:
-    """Weight sync: both sides of the transfer bucket (nothing to transfer for HF rollout)."""
+    """Weight sync: both sides of the transfer bucket (HF rollout: nothing to transfer on the policy itself; the
+    gathered bucket into our engine's replica, memory/hf_rollout.py)."""
     bud, m = ctx.vllm, ctx.model
-    if bud is None:  # the policy generates itself; the static loop's weight copy is built here (HFRollout.wake)
-        static = _static_decode(ctx, 1)
-        copy = {"hf_decode_weight_copy": static.weight_copy_bytes} if static is not None else {}
-        return finish(ctx, {**resident(ctx, "weight_sync"), **copy}, {}, ctx.trainer_overheads)
+    if bud is None:  # hf: the static loop's weight copy is built here (HFRollout.wake), or a replica loaded
+        copy = hf_decode(ctx, 1).weight_copy_bytes
+        work = {"hf_decode_weight_copy": copy} if decode_mode(ctx) != "eager" else {}
+        send = finish(ctx, {**resident(ctx, "weight_sync"), **work, **replica_transfer(ctx)}, {}, ctx.trainer_overheads)
+        if ctx.hf_replica_bytes and ctx.layout.split:  # memory/hf_rollout.py: the rollout GPU receives from the host
+            recv = {REPLICA_ITEM: ctx.hf_replica_bytes, **ctx.rollout_overheads}
+            return send if sum(send.values()) >= sum(recv.values()) else recv
+        return send
     largest = largest_gathered_bytes(
         largest_param_elements(m.vocab_size, m.hidden_size, m.intermediate_size, m.q_dim),
         ctx.precision.master_bytes,

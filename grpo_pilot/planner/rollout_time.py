@@ -21,7 +21,9 @@ are split evenly over the replicas.
     latency + bytes over the link;
   * the engine's CPU time (V0: a fixed part and a part per running sequence; V1 overlaps it), the
     eager-mode kernel dispatch when CUDA graphs are off, and for HF generate on an FSDP policy the
-    all-gather of every weight. HF decode loops (our engine's `hf` backend, TRL without vLLM) run eagerly
+    all-gather of every weight (none for our engine's replica: an unsharded copy of the model on each rollout
+    GPU — the training GPUs colocated, the rollout pool split — `hf_decode_mode.plan_hf_rollout`). HF decode
+    loops (our engine's `hf` backend, TRL without vLLM) run eagerly
     and read the sampled tokens back every step: each step costs the host's dispatch of every layer's
     ops plus the step's own (embedding, sampling, stop checks), added to the device's work
     (`TimeCoefficients.hf_decode_s_per_layer`, `hf_decode_s_per_step`) — our engine's `static` loop too
@@ -122,11 +124,19 @@ class _Replica(NamedTuple):
 
 
 def _replica(
-    spec: ModelSpec, cluster: Cluster, workload: Workload, knobs: Knobs, *, coef: TimeCoefficients
+    spec: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    knobs: Knobs,
+    *,
+    coef: TimeCoefficients,
+    replica_gpus: int | None = None,
 ) -> _Replica:
-    """The replica shape (TP, count, responses each) and its per-forward host and gather costs."""
+    """The replica shape (TP, count, responses each) and its per-forward host and gather costs. `replica_gpus`: our
+    engine's hf rollout on replicas of the model, one per GPU (`hf_decode_mode.plan_hf_rollout`): unsharded, so no
+    weight is gathered per forward; None: HF generate on the trainer's module (`pools`)."""
     gpu = cluster.gpu
-    rollout_gpus, _ = pools(cluster, knobs)
+    rollout_gpus = replica_gpus if replica_gpus is not None else pools(cluster, knobs)[0]
     hf = knobs.rollout_backend == "hf"
     tp = 1 if hf else knobs.rollout_tp
     replicas = max(1, rollout_gpus // tp)
@@ -151,7 +161,7 @@ def _replica(
             rollout_gpus,
             collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef, gpus_per_node=cluster.gpus_per_node),
         )
-        if hf
+        if hf and replica_gpus is None
         else 0.0
     )
     return _Replica(
@@ -255,11 +265,13 @@ def rollout_breakdown(
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
     overheads: Overheads = DEFAULT_OVERHEADS,
     decode_mode: str = "eager",
+    replica_gpus: int | None = None,
 ) -> RolloutBreakdown:
     """Prefill and decode of every response of the step (module docstring). `kv_cache_tokens_per_gpu`
-    is the KV capacity the memory estimate found (None = unlimited: `max_num_seqs` caps concurrency)."""
+    is the KV capacity the memory estimate found (None = unlimited: `max_num_seqs` caps concurrency);
+    `decode_mode` and `replica_gpus` what the hf rollout runs (`hf_decode_mode.plan_hf_rollout`, `_replica`)."""
     coef, gpu, L = coefficients, cluster.gpu, lengths_of(workload)
-    r = _replica(spec, cluster, workload, knobs, coef=coef)
+    r = _replica(spec, cluster, workload, knobs, coef=coef, replica_gpus=replica_gpus)
     concurrency, steps = _decode_shape(workload, knobs, r, kv_cache_tokens_per_gpu)
     generated = r.seqs * L.response_mean
     sampler_bytes = SAMPLER_TRAFFIC_PER_HELD_BYTE * overheads.vllm_sampler_bytes_per_vocab_entry * spec.vocab_size
@@ -294,6 +306,7 @@ def rollout_time_s(
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
     overheads: Overheads = DEFAULT_OVERHEADS,
     decode_mode: str = "eager",
+    replica_gpus: int | None = None,
 ) -> float:
     """Seconds of the rollout phase (`rollout_breakdown(...).total_s`)."""
     return rollout_breakdown(
@@ -305,4 +318,5 @@ def rollout_time_s(
         coefficients=coefficients,
         overheads=overheads,
         decode_mode=decode_mode,
+        replica_gpus=replica_gpus,
     ).total_s

@@ -30,7 +30,7 @@ import math
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.planner.config import Knobs, Target, Workload, old_logprob_pass_needed
 from grpo_pilot.planner.critic_time import critic_flops_per_step, critic_times
-from grpo_pilot.planner.hf_decode_mode import plan_decode_mode
+from grpo_pilot.planner.hf_decode_mode import plan_hf_rollout, plan_replica
 from grpo_pilot.planner.lengths import lengths_of
 from grpo_pilot.planner.lora_time import (
     LoraTime,
@@ -41,7 +41,7 @@ from grpo_pilot.planner.lora_time import (
 )
 from grpo_pilot.planner.megatron_time import megatron_times
 from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token_per_gpu
-from grpo_pilot.planner.memory.precision import precision_for
+from grpo_pilot.planner.memory.precision import precision_for, rollout_element_bytes
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.ref_offload import ref_offload_mode
 from grpo_pilot.planner.reports import TimeReport
@@ -259,10 +259,12 @@ def weight_sync_time_s(
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
     workload: Workload | None = None,
 ) -> float:
-    """Trainer → rollout engine: gather 2·P bf16 bytes, load into vLLM; none for HF rollout."""
-    if knobs.rollout_backend == "hf":
-        return 0.0
+    """Trainer → rollout engine: gather 2·P bf16 bytes, load into vLLM; none for HF rollout on the policy itself,
+    `replica_sync_s` into our engine's hf replica."""
     coef, gpu = coefficients, cluster.gpu
+    if knobs.rollout_backend == "hf":
+        replica = plan_replica(cluster, knobs, executor=executor)
+        return replica_sync_s(spec, cluster, knobs, executor=executor, coefficients=coef) if replica else 0.0
     _, train_gpus = pools(cluster, knobs)
     weights = BF16_BYTES * param_counts(spec)[0]
     lora = lora_time_terms(spec, workload) if workload is not None else None
@@ -280,6 +282,27 @@ def weight_sync_time_s(
     link = collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef, gpus_per_node=cluster.gpus_per_node)
     gather_s = ring_time_s(weights, train_gpus, link)
     return gather_s + load_s + offload_s
+
+
+def replica_sync_s(
+    spec: ModelSpec, cluster: Cluster, knobs: Knobs, *, executor: ExecutorTraits, coefficients: TimeCoefficients
+) -> float:
+    """Trainer → our engine's hf replica (planner/memory/hf_rollout.py): every parameter gathered in the master
+    dtype over the training ranks (`DTensor.full_tensor`, a ring all-gather; nothing for an unsharded trainer),
+    then copied into the replica — on the same GPU colocated (read in the master dtype, written in the replica's),
+    through host memory split (engine/weight_sync.py `to_host` on training rank 0, the Ray object store, and the
+    rollout worker's host-to-device copy; across nodes the NIC besides)."""
+    coef, gpu = coefficients, cluster.gpu
+    _, train_gpus = pools(cluster, knobs)
+    params = param_counts(spec)[0]
+    sent = precision_for(executor, cluster.device).master_bytes * params
+    link = collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef, gpus_per_node=cluster.gpus_per_node)
+    load_s = (sent + rollout_element_bytes(cluster.device) * params) / gpu.hbm_bytes_per_s
+    if knobs.placement != "split":
+        return ring_time_s(sent, train_gpus, link) + load_s
+    host_s = 2 * sent / host_link_bytes_per_s(gpu, coef)  # device → host, then host → device
+    nic_s = sent / (coef.nic_bytes_per_s(gpu.name) * coef.link_efficiency) if cluster.num_nodes > 1 else 0.0
+    return ring_time_s(sent, train_gpus, link) + host_s + nic_s + load_s
 
 
 def trained_tokens_per_step(workload: Workload) -> float:
@@ -315,6 +338,7 @@ def estimate_time(
     `coefficients` the efficiencies (analytic defaults or a calibration); `overheads` the memory
     constants the time model reads (the sampler's bytes per vocabulary entry)."""
     coef, executor = coefficients, traits_for(target)
+    hf = plan_hf_rollout(model, cluster, workload, knobs, executor=executor)  # one rule with the memory model
     rollout = rollout_time_s(
         model,
         cluster,
@@ -323,7 +347,8 @@ def estimate_time(
         kv_cache_tokens_per_gpu=kv_cache_tokens_per_gpu,
         coefficients=coef,
         overheads=overheads,
-        decode_mode=plan_decode_mode(model, cluster, workload, knobs, executor=executor),
+        decode_mode=hf.decode_mode,
+        replica_gpus=hf.gpus if hf.replica else None,
     )
     phases = {
         "rollout": rollout,

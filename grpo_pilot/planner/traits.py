@@ -72,6 +72,12 @@ the executor behaviour it stands for and the source where it was read:
   CPUOffloadPolicy) whatever ref.fsdp_config.param_offload, since fefca4172 (#121; fsdp_workers.py
   `_build_model_optimizer`, role "ref"); `Knobs.ref_forced_cpu_offload` says whether the launch's verl is that
   new (planner/ref_offload.py). Our engine and TRL keep the reference where `ref_param_offload` says.
+- hf_rollout_replica: our engine's `hf` rollout generates on a replica of the model wherever it cannot sample
+  from the trainer's own unsharded module — several training ranks (FSDP2-sharded), offload, or split placement
+  (engine/worker.py `_build_rollout`: `on_policy = ... train_world == 1 and not st.actor.offload`, else
+  `build_model(...).to(device=..., dtype=bf16 on CUDA / fp32 on the CPU)`), loaded by `sync_weights`
+  (planner/hf_decode_mode.py `hf_replica`). verl's and TRL's HF rollout generate on the trainer's module itself
+  (gathered as `hf_generation_weights` says).
 - quantized_adapter_bytes: the adapters' dtype over a bitsandbytes base: TRL casts them to bf16
   ("following the QLoRA paper", grpo_trainer.py L530–L541); elsewhere fp32 (peft autocast_adapter_dtype).
 """
@@ -132,6 +138,7 @@ class ExecutorTraits(NamedTuple):
     lora_rollout: LoraRollout = "merged"
     quantized_adapter_bytes: int = FP32_BYTES
     forces_fsdp_ref_offload: bool = False
+    hf_rollout_replica: bool = False
 
     def has_knob(self, name: str) -> bool:
         """Whether the executor has a setting for knob `name` (else the search leaves it at its default)."""
@@ -155,6 +162,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         missing_knobs=frozenset({"ulysses_sp", "fsdp_size", "remove_padding"}) | VERL_ERA_KNOBS | FAMILY_KNOBS,
         shares_prompts=True,
         fused_adamw_on_cpu=True,
+        hf_rollout_replica=True,
     ),
     "verl": ExecutorTraits(
         name="verl",

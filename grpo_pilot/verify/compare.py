@@ -51,8 +51,9 @@ ROW_OF_ITEM: dict[str, str] = {
     "autocast_weight_cache": "autocast weight casts",
 }
 ROWS: tuple[str, ...] = tuple(dict.fromkeys(ROW_OF_ITEM.values()))
-# Not tensors, or not on the trainer's side: CUDA context, cuBLAS, NCCL, fragmentation, the vLLM leftovers.
-NOT_TRACED_PREFIXES = ("overhead_", "vllm_")
+# Not tensors, or not on the trainer's side: CUDA context, cuBLAS, NCCL, fragmentation, the vLLM leftovers, our
+# engine's hf rollout replica (planner/memory/hf_rollout.py: the rollout's module, not the actor the trace runs).
+NOT_TRACED_PREFIXES = ("overhead_", "vllm_", "hf_replica_")
 # KL coefficient of the traced loss: any value > 0 builds the same graph (verl's kl_loss_coef default).
 TRACE_KL_COEF = 0.001
 

@@ -267,7 +267,7 @@ def test_notes_say_when_the_run_offloads_more_than_the_plan():
 
     plan = tiny_plan()
     one = plan.model_copy(update={"knobs": plan.knobs.model_copy(update={"optimizer_offload": True})})
-    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3, hf_replica=False)
+    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3)
     assert not any(n.startswith("offload:") for n in run_notes(plan, **kw))
     (note,) = [n for n in run_notes(one, **kw) if n.startswith("offload:")]
     assert "only optimizer_offload" in note and "all three" in note
@@ -289,7 +289,7 @@ def test_notes_name_the_bf16_rollout_copy_and_the_fused_adamw():
     from grpo_pilot.engine.notes import run_notes
 
     plan = tiny_plan()
-    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3, hf_replica=False)
+    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3)
     assert run_notes(plan, **kw, rollout_weight_copy_bytes=0, fused_adamw_on_gpu=True) == run_notes(plan, **kw)
     (copy_note,) = [n for n in run_notes(plan, **kw, rollout_weight_copy_bytes=3 << 29) if "bf16 copy" in n]
     assert "1.50 GiB" in copy_note
@@ -305,7 +305,7 @@ def test_notes_on_the_weight_copy_follow_the_plan_item():
     from grpo_pilot.engine.notes import run_notes
 
     plan = tiny_plan()
-    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3, hf_replica=False)
+    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3)
     rollout = plan.phases["rollout"]
     counted = rollout.model_copy(update={"items": {**rollout.items, "hf_decode_weight_copy": 3 << 29}})
     static = plan.model_copy(update={"phases": {**plan.phases, "rollout": counted}})
@@ -340,3 +340,16 @@ def test_allocator_settings_come_from_the_plan_unless_the_run_config_sets_them(t
     run(plan, config(tmp_path, steps=1, output_dir=str(tmp_path / "b"), release_cache="each_phase"))
     ran = json.loads((tmp_path / "b" / "profile.json").read_text())["allocator"]
     assert (ran["setting"], ran["release_cache"]) == ("default", "each_phase")
+
+
+def test_replica_notes_follow_the_plan_item():
+    from grpo_pilot.engine.notes import run_notes
+
+    plan, colocated = tiny_plan(), load_plan("examples/tiny/plan-2xcpu-colocated.json")
+    kw = dict(rollout_backend="hf", engine_old_pass=False, shared_forwards=0, steps_run=3)
+    planned = colocated.phases["rollout"].items["hf_replica_weights"]
+    assert not any("replica" in n or "own copy" in n for n in run_notes(colocated, **kw, rollout_replica_bytes=planned))
+    (note,) = [n for n in run_notes(plan, **kw, rollout_replica_bytes=3 << 29) if "own copy" in n]
+    assert "1.50 GiB" in note and "does not count it" in note  # a plan without the item
+    (note,) = [n for n in run_notes(colocated, **kw) if "replica" in n]
+    assert "generated without one" in note

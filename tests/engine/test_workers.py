@@ -64,7 +64,14 @@ def test_colocated_two_workers_run_the_tiny_example(tmp_path):
     for phase in ("weight_sync", "rollout", "update"):
         peaks = [r["phases"][phase]["measured_peak_bytes"] for r in profile["ranks"]]
         assert profile["phases"][phase]["measured_peak_bytes"] == max(peaks) > 0  # aggregate = max over ranks
-    assert any("own copy of the weights" in n for n in profile["notes"])
+    # each worker generated on its own fp32 replica (the trainer's module is sharded): the parameter bytes the engine
+    # built are the plan's item, resident in every phase of both workers, and no mismatch note is left
+    plan = load_plan(COLOCATED)
+    replica = profile["rollout_replica_bytes"]
+    assert [w["rollout_replica_bytes"] for w in workers] == [replica] * 2 and replica > 0
+    for phase in ("weight_sync", "rollout", "log_prob", "update"):
+        assert plan.phases[phase].items["hf_replica_weights"] == replica, phase
+    assert not any("own copy of the weights" in n or "replica" in n for n in profile["notes"])
     assert len(lines(out / "lengths.jsonl")) == 3 * 32
     assert (out / "checkpoints" / "step-000003" / "actor" / ".metadata").exists()
 
@@ -79,6 +86,12 @@ def test_split_pools_one_rollout_and_one_training_worker(tmp_path):
     assert rollout["worker"] == "worker 0 (rollout)" and trainer["worker"] == "worker 1 (trainer)"
     assert {"rollout", "weight_sync"} <= set(rollout["phases"]) and "update" not in rollout["phases"]
     assert {"update", "weight_sync"} <= set(trainer["phases"]) and "rollout" not in trainer["phases"]
+    # the rollout worker's replica is the plan's item on the rollout GPU; the training worker holds none
+    workers = json.loads((out / "workers.json").read_text())
+    assert [w["rollout_replica_bytes"] for w in workers][1] == 0
+    replica = load_plan(SPLIT).phases["rollout"].items["hf_replica_weights"]
+    assert profile["rollout_replica_bytes"] == workers[0]["rollout_replica_bytes"] == replica > 0
+    assert not any("replica" in n or "own copy of the weights" in n for n in profile["notes"])
     # the rollout worker generated with the trainer's weights: its completions changed after the updates
     assert len({tuple(r["prompt_indices"]) for r in rows}) == 3
 

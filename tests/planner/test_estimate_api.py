@@ -68,9 +68,12 @@ def test_nxcpu_workers_share_the_host_ram_and_shard_like_fsdp(spec_of) -> None:
     m1, m4 = estimate_memory(spec, one, w, k), estimate_memory(spec, four, w, k)
     u1, u4 = m1.phases["update"].items, m4.phases["update"].items
     assert u4["actor_params"] == -(-spec.num_params // 4) * 4 and u1["actor_params"] == spec.num_params * 4
-    # one process uses parameters in place; four gloo workers gather layers like FSDP
+    # one process uses parameters in place; four gloo workers gather layers like FSDP in their passes, and each
+    # generates on its own fp32 replica of the model (engine/worker.py `_build_rollout`), which gathers nothing
     r1, r4 = m1.phases["rollout"].items, m4.phases["rollout"].items
-    assert r1["gathered_layers"] == 0 and r4["gathered_layers"] == 2 * spec.params_per_layer * 4
+    assert r1["gathered_layers"] == u1["gathered_layers"] == 0 < u4["gathered_layers"]
+    assert "gathered_layers" not in r4 and "hf_replica_weights" not in r1
+    assert r4["hf_replica_weights"] == m4.phases["update"].items["hf_replica_weights"] == 4 * spec.num_params
     assert m4.host.items["process_rss"] == 4 * m1.host.items["process_rss"]
 
 

@@ -78,7 +78,7 @@ def test_cpu_auto_is_eager_and_cpu_static_has_no_copy() -> None:
     [
         ("1xA100-80G", "trl", {}),  # TRL's HF rollout is transformers' generate
         ("1xA100-80G", "verl", {}),
-        ("2xA100-80G", "grpo-pilot", {}),  # sharded (DTensor) parameters: the engine decodes eagerly
+        ("2xA100-80G", "verl", {}),  # verl's HF rollout generates on its sharded module: no replica, no knob
         ("1xA100-80G", "grpo-pilot", {"rollout_backend": "vllm", "rollout_tp": 1}),
     ],
 )
@@ -148,3 +148,71 @@ def test_plans_without_the_knob_load_as_auto() -> None:
     from grpo_pilot.planner.plan import load_plan
 
     assert load_plan("examples/tiny/plan.json").knobs.hf_decode == "auto"
+
+
+# ---- our engine's replica: several training GPUs or split placement (memory/hf_rollout.py) ----------------------
+
+
+def test_sharded_policy_decodes_on_a_bf16_replica_resident_in_every_phase() -> None:
+    auto, eager = _rollout("2xA100-80G", hf_decode="auto"), _rollout("2xA100-80G", hf_decode="eager")
+    for phases in (auto, eager):
+        for phase in ("weight_sync", "rollout", "log_prob", "update"):  # never slept nor offloaded
+            assert phases[phase]["hf_replica_weights"] == 2 * P05  # engine/worker.py: .to(dtype=torch.bfloat16)
+        assert "gathered_layers" not in phases["rollout"] and "root_embed_lm_head" not in phases["rollout"]
+    # the replica is unsharded: the static loop runs (CUDA graphs under auto), on the replica's own bf16 weights
+    assert auto["rollout"]["hf_decode_weight_copy"] == 0 and "hf_decode_weight_copy" not in eager["rollout"]
+    assert auto["rollout"]["overhead_hf_cuda_graph_pool"] == 16 * 151_936 * (2 + 8)  # 32 responses over 2 replicas
+    assert auto["rollout"]["autocast_weight_cache"] == eager["rollout"]["autocast_weight_cache"] == 0  # bf16 weights
+    # the eager loop's cache is bf16 too (bf16 keys and values), 16 rows of 512 + 1024 tokens
+    assert eager["rollout"]["hf_kv_cache"] == 16 * (512 + 1024) * 2 * 24 * 128 * 2
+    # the sync gathers every fp32 parameter (the tied embedding under both names) into one 2 GiB bucket at most,
+    # plus the parameter gathered past it
+    gathered = 4 * (P05 + 151_936 * 896)
+    assert gathered > 2 << 30
+    assert auto["weight_sync"]["weight_sync_bucket"] == 2 << 30
+    assert auto["weight_sync"]["largest_gathered_tensor"] == 4 * 151_936 * 896
+
+
+def test_split_rollout_gpu_holds_the_replica_and_an_unsharded_trainer_sends_in_place() -> None:
+    split = _rollout("2xA100-80G", hf_decode="auto", placement="split")
+    rollout = split["rollout"]
+    assert rollout["hf_replica_weights"] == 2 * P05 and "actor_params" not in rollout  # the rollout GPU's
+    assert rollout["overhead_hf_cuda_graph_pool"] == 32 * 151_936 * (2 + 8)  # one replica decodes all 32 rows
+    for phase in ("log_prob", "update"):  # the training GPU's: no replica there
+        assert "hf_replica_weights" not in split[phase]
+    sync = split["weight_sync"]  # one training rank: `param.detach()` gathers nothing; the larger side is reported
+    assert "weight_sync_bucket" not in sync and "hf_replica_weights" not in sync and sync["actor_params"] == 4 * P05
+
+
+def test_verl_and_trl_have_no_replica_and_one_unsharded_gpu_decodes_the_policy() -> None:
+    for cluster, target in (("2xA100-80G", "verl"), ("2xA100-80G", "trl"), ("1xA100-80G", "grpo-pilot")):
+        phases = _rollout(cluster, target)
+        assert not any("hf_replica_weights" in items for items in phases.values())
+
+
+def test_lora_on_a_replica_decodes_static_and_on_the_policy_eagerly() -> None:
+    from grpo_pilot.planner.adapters import AdapterSettings
+
+    lora = WORKLOAD.model_copy(update={"adapter": AdapterSettings(framework="grpo-pilot", method="lora", rank=8)})
+    knobs = Knobs(rollout_backend="hf", rollout_tp=1, max_num_seqs=32, hf_decode="static")
+    one, two = (estimate_memory(Q05, parse_cluster(c), lora.worst_case(), knobs) for c in ("1xA100-80G", "2xA100-80G"))
+    assert "hf_decode_weight_copy" not in one.phases["rollout"].items  # peft's module: eager
+    assert two.phases["rollout"].items["hf_decode_weight_copy"] == 0  # the plain replica: static, no copy
+
+
+def test_time_reads_the_replica_rule_the_memory_reads() -> None:
+    cluster, w = parse_cluster("2xH200"), WORKLOAD.worst_case()
+    knobs = Knobs(rollout_backend="hf", rollout_tp=1, max_num_seqs=8)
+    for target, mode, replica_gpus in (("grpo-pilot", "cuda_graph", 2), ("verl", "eager", None)):
+        t = estimate_time(Q05, cluster, w, knobs, target=target)
+        expected = rollout_breakdown(Q05, cluster, w, knobs, decode_mode=mode, replica_gpus=replica_gpus)
+        assert t.phases_s["rollout"] == pytest.approx(expected.total_s, rel=1e-12)
+    # the replica gathers no weight per forward: faster than the same eager loop on the sharded module
+    ours = rollout_breakdown(Q05, cluster, w, knobs, replica_gpus=2)
+    sharded = rollout_breakdown(Q05, cluster, w, knobs)
+    assert ours.decode_overhead_s < sharded.decode_overhead_s and ours.replicas == sharded.replicas == 2
+    split = knobs.model_copy(update={"placement": "split"})
+    t = estimate_time(Q05, cluster, w, split)  # one rollout GPU decodes all 32 rows
+    assert t.phases_s["rollout"] == pytest.approx(
+        rollout_breakdown(Q05, cluster, w, split, decode_mode="cuda_graph", replica_gpus=1).total_s, rel=1e-12
+    )

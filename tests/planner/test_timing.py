@@ -143,10 +143,14 @@ def test_weight_sync_colocated_by_hand() -> None:
     weights = 2 * s.num_params
     expected = weights * 7 / 8 / (300e9 * COEF.link_efficiency) + weights / 2 / 2039e9
     assert T.weight_sync_time_s(s, c, k, executor=traits_for("grpo-pilot")) == pytest.approx(expected, rel=1e-12)
-    assert (
-        T.weight_sync_time_s(s, c, k.model_copy(update={"rollout_backend": "hf"}), executor=traits_for("grpo-pilot"))
-        == 0.0
-    )
+    # hf: verl's generates on its own (sharded) module, one unsharded GPU of ours on the policy: nothing to send;
+    # ours on 8 GPUs loads a bf16 replica per GPU from the fp32 weights gathered over the ring (memory/hf_rollout.py)
+    hf = k.model_copy(update={"rollout_backend": "hf"})
+    assert T.weight_sync_time_s(s, c, hf, executor=traits_for("verl")) == 0.0
+    assert T.weight_sync_time_s(s, parse_cluster("1xA100-80G"), hf, executor=traits_for("grpo-pilot")) == 0.0
+    fp32 = 4 * s.num_params
+    replica = fp32 * 7 / 8 / (300e9 * COEF.link_efficiency) + (fp32 + weights) / 2039e9
+    assert T.weight_sync_time_s(s, c, hf, executor=traits_for("grpo-pilot")) == pytest.approx(replica, rel=1e-12)
 
 
 def test_decode_is_bounded_below_by_the_longest_response() -> None:

@@ -244,6 +244,12 @@ class HFRollout:
         dtype = rollout_dtype(model, device)
         return sum(p.numel() * dtype.itemsize for p in model.parameters() if p.dtype != dtype)
 
+    def replica_bytes(self) -> int:
+        """Bytes of the replica's parameters (tied ones once), resident from start to `close` (0: generating on the
+        trainer's module, `shares_policy`); the planner's `hf_replica_weights` (planner/memory/hf_rollout.py)."""
+        model = self._live_model()
+        return 0 if self.shares_policy else sum(p.numel() * p.element_size() for p in model.parameters())
+
     def close(self) -> None:
         self._model = None
 

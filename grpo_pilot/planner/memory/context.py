@@ -14,7 +14,7 @@ from typing import NamedTuple
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.hardware.device_traits import DeviceTraits
 from grpo_pilot.planner.config import Knobs, Workload
-from grpo_pilot.planner.hf_decode_mode import policy_sharded
+from grpo_pilot.planner.hf_decode_mode import hf_replica, hf_rollout_gpus, policy_sharded
 from grpo_pilot.planner.lengths import Lengths, lengths_of, micro_batch_tokens, response_share
 from grpo_pilot.planner.memory.activation_offload import ActivationOffload
 from grpo_pilot.planner.memory.autocast import autocast_cast_params
@@ -29,7 +29,7 @@ from grpo_pilot.planner.memory.family_parts import (
 from grpo_pilot.planner.memory.fsdp import gathered_layers_bytes, root_gathered_bytes
 from grpo_pilot.planner.memory.layout import Layout, layout_for
 from grpo_pilot.planner.memory.lora_plan import LoraPlan
-from grpo_pilot.planner.memory.precision import Precision, precision_for
+from grpo_pilot.planner.memory.precision import Precision, precision_for, rollout_element_bytes
 from grpo_pilot.planner.memory.rollout_engines import sglang_engine_budget, sleep_leftovers
 from grpo_pilot.planner.memory.shared_prompts import SharedLayout, micro_batch_layouts
 from grpo_pilot.planner.memory.tokens import budget_tokens_per_rank, fixed_tokens_per_rank, sequences_per_sp_group
@@ -82,6 +82,9 @@ class MemoryContext(NamedTuple):
     frozen_base_bytes: int = 0  # LoRA: one rank's shard of the frozen base (actor_params is the adapters)
     critic: CriticPlan | None = None
     activation_offload: ActivationOffload | None = None
+    # our engine's hf rollout on a replica (planner/hf_decode_mode.py `hf_replica`, memory/hf_rollout.py)
+    hf_replica_bytes: int = 0  # the replica's weights on its GPU (0: the rollout decodes the trainer's module)
+    hf_rollout_gpus: int = 1  # GPUs the hf rollout generates on (`hf_decode_mode.hf_rollout_gpus`)
 
 
 def engine_start_resident_bytes(
@@ -431,6 +434,7 @@ def memory_context(
         model, cluster, knobs, executor=executor, overheads=overheads, sh=sh, held=held
     )
     shared = dict(group_size=workload.n, applies=executor.shares_prompts and not sharded, compute_bytes=c)
+    replica = hf_replica(knobs=knobs, executor=executor, sharded=sharded, split=lay.split)
     return MemoryContext(
         model=model,
         workload=workload,
@@ -478,4 +482,7 @@ def memory_context(
         frozen_base_bytes=states.frozen_base_bytes,
         critic=fam.critic,
         activation_offload=fam.activation_offload,
+        # engine/worker.py `_build_rollout`: the replica in bf16 on a GPU, fp32 on the cpu device
+        hf_replica_bytes=rollout_element_bytes(device) * model.num_params if replica else 0,
+        hf_rollout_gpus=hf_rollout_gpus(lay, cluster.num_nodes, replica=replica),
     )
