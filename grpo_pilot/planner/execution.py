@@ -3,7 +3,8 @@
 The engine reads them from the plan (as vLLM's engine reads its `KVCacheConfig`) instead of calling
 back into planner internals:
 - the layout: training ranks (the FSDP degree), GPUs per node that hold a rollout shard, rollout
-  replicas (rollout GPUs / TP; HF rollout: one per training rank), colocated or split (`memory/layout.py`);
+  replicas (rollout GPUs / TP; HF rollout: one per GPU it generates on, `hf_decode_mode.hf_rollout_gpus`),
+  colocated or split (`memory/layout.py`);
 - the rollout engine's KV bytes per token on one of its GPUs (`memory/kv_cache.py`, in the rollout
   element size: bf16 on a GPU, fp32 on the cpu pseudo-device; TP 1 for HF rollout);
 - the weight-sync transfer bucket (`Overheads.weight_sync_bucket_bytes`, a calibration may change it);
@@ -17,6 +18,7 @@ from pydantic import Field
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.config import Knobs, Workload, old_logprob_pass_needed
+from grpo_pilot.planner.hf_decode_mode import hf_rollout_gpus, plan_replica
 from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token_per_gpu
 from grpo_pilot.planner.memory.layout import layout_for
 from grpo_pilot.planner.memory.precision import rollout_element_bytes
@@ -50,7 +52,12 @@ def execution_of(
     layout = layout_for(cluster.num_nodes, cluster.gpus_per_node, knobs.placement, knobs.split_rollout_gpus_per_node)
     hf = knobs.rollout_backend == "hf"
     tp = 1 if hf else knobs.rollout_tp
-    rollout_gpus = layout.trainer_gpus if hf else layout.rollout_gpus_per_node * cluster.num_nodes
+    if hf:
+        rollout_gpus = hf_rollout_gpus(
+            layout, cluster.num_nodes, replica=plan_replica(cluster, knobs, executor=executor)
+        )
+    else:
+        rollout_gpus = layout.rollout_gpus_per_node * cluster.num_nodes
     element = rollout_element_bytes(cluster.device)
     return Execution(
         trainer_workers=layout.trainer_gpus,

@@ -1,6 +1,6 @@
 """Which decode loop our engine's hf rollout runs for a plan (the `hf_decode` knob resolved), whether the
 policy is sharded (FSDP) on its training ranks, and whether the rollout generates on a replica of the model —
-one rule for the memory model (`memory/context.py`, `estimate.rollout_memory`, `memory/hf_replica.py`) and the
+one rule for the memory model (`memory/context.py`, `estimate.rollout_memory`, `memory/hf_rollout.py`) and the
 time model (`timing.estimate_time`, `rollout_time.py`).
 
 The engine (engine/rollout/hf.py `resolve_decode`) runs the static loop (`static` / `cuda_graph`) only on

@@ -181,8 +181,9 @@ def allreduce_s(bytes_total: float, ranks: int, bw: float, latency_s: float) -> 
 
 def pools(cluster: Cluster, knobs: Knobs) -> tuple[int, int]:
     """(rollout GPUs, training GPUs), from the memory model's layout (colocated: both the whole world;
-    split: `split_rollout_gpus_per_node` per node roll out, the rest train). HF rollout generates on
-    the training GPUs with the policy itself."""
+    split: `split_rollout_gpus_per_node` per node roll out, the rest train). HF rollout reads as the training
+    GPUs here, where only its rollout-TP-1 rules read the pool; where our engine's hf rollout really generates
+    (a replica on each split rollout GPU) is `hf_decode_mode.hf_rollout_gpus`, which time and memory use."""
     layout = layout_for(cluster.num_nodes, cluster.gpus_per_node, knobs.placement, knobs.split_rollout_gpus_per_node)
     if knobs.rollout_backend == "hf":
         return layout.trainer_gpus, layout.trainer_gpus

@@ -10,10 +10,13 @@ import pytest
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.estimate import estimate_memory
+from grpo_pilot.planner.execution import execution_of
 from grpo_pilot.planner.memory.hf_generate import static_decode_memory
+from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS
 from grpo_pilot.planner.rollout_time import rollout_breakdown
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS
 from grpo_pilot.planner.timing import estimate_time
+from grpo_pilot.planner.traits import traits_for
 from grpo_pilot.profiles.catalog import resolve_model
 
 Q05 = resolve_model("qwen2.5-0.5b").spec
@@ -216,3 +219,14 @@ def test_time_reads_the_replica_rule_the_memory_reads() -> None:
     assert t.phases_s["rollout"] == pytest.approx(
         rollout_breakdown(Q05, cluster, w, split, decode_mode="cuda_graph", replica_gpus=1).total_s, rel=1e-12
     )
+
+
+def test_plan_json_counts_one_hf_replica_per_gpu_that_generates() -> None:
+    cluster = parse_cluster("8xA100-80G")
+    ours = traits_for("grpo-pilot")
+    knobs = Knobs(rollout_backend="hf", placement="split", split_rollout_gpus_per_node=2)
+    split = execution_of(Q05, cluster, Workload(), knobs, executor=ours, overheads=DEFAULT_OVERHEADS)
+    assert (split.trainer_workers, split.rollout_replicas) == (6, 2)  # the split rollout GPUs, not the trainers
+    colocated = knobs.model_copy(update={"placement": "colocated", "split_rollout_gpus_per_node": 0})
+    both = execution_of(Q05, cluster, Workload(), colocated, executor=ours, overheads=DEFAULT_OVERHEADS)
+    assert both.rollout_replicas == 8
