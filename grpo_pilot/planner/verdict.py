@@ -40,6 +40,10 @@ from grpo_pilot.planner.plan import Verdict
 from grpo_pilot.units import GiB
 
 MEMORY_RULES = ("memory.", "host_ram", "rollout.kv_cache")
+GIVE_LENGTHS = (
+    "the lengths are unknown: give --prompt-len-mean and --response-len-mean (or --lengths FILE) "
+    "for a verdict on the data"
+)
 
 
 def lengths_unknown(workload: Workload) -> bool:
@@ -135,8 +139,7 @@ def mean_lengths_boundary(inputs: PlanInputs, knobs: Knobs) -> tuple[int, int] |
 def _boundary_verdict(inputs: PlanInputs, a: Assessment, over: int) -> Verdict | None:
     """Lengths unknown, memory alone binds: the boundary on the mean response with prompts at their maximum,
     else on both means together (module docstring); None when not even the shortest lengths fit."""
-    w, give = inputs.workload, "the lengths are unknown: give --prompt-len-mean and --response-len-mean (or --lengths "
-    give += "FILE) for a verdict on the data"
+    w, give = inputs.workload, GIVE_LENGTHS
     boundary = mean_response_boundary(inputs, a.knobs) if w.response_len_tokens > 1 else None
     if boundary is not None:
         return Verdict(
