@@ -216,6 +216,30 @@ def test_typer_level_usage_errors_exit_2() -> None:
     assert run("--model", "qwen-7b", "--gpus", "8xH100", "--bogus").exit_code == 2
 
 
+def test_long_prompts_without_lengths_exit_4_with_a_boundary_on_both_means(tmp_path: Path) -> None:
+    """No mean response fits with 8192-token prompts at their maximum (verl packs and scores every position of 32
+    sequences); shorter prompts do: a conditional fit (exit 4) naming both means, planner/verdict.py."""
+    out = tmp_path / "plan.json"
+    pinned = [p for p in ALL_PINS if not p.startswith(("rollout_tp", "micro_batch"))] + [
+        "rollout_tp=1",
+        "micro_batch_size_per_gpu=32",
+        "max_token_len_per_gpu=none",
+        "log_prob_micro_batch_size_per_gpu=32",
+    ]
+    args = ["--model", "qwen2.5-0.5b", "--gpus", "1xH100", "--target", "verl", "--prompt-len", "8192",
+            "--response-len", "2048", "--prompts-per-step", "64", "--n", "8", "--mini-batch", "64",
+            "--headroom-gib", "0", *pins(pinned)]  # fmt: skip
+    r = run(*args, "--json")
+    assert r.exit_code == 4, r.stderr
+    verdict = json.loads(r.stdout)["verdict"]
+    assert verdict["kind"] == "fits_below_mean_lengths"
+    prompt, response = verdict["boundary_mean_prompt_tokens"], verdict["boundary_mean_response_tokens"]
+    assert 0 < prompt < 8192 and 0 < response < 2048
+    assert f"at a mean prompt of up to {prompt} and a mean response of up to {response} tokens" in r.stderr
+    table = run(*args, "--out", str(out))
+    assert table.exit_code == 4 and "FITS ONLY WITH SHORT PROMPTS" in table.stdout and not out.exists()
+
+
 def test_nothing_fits_exits_3_with_binding_and_suggestions(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     r = run("--model", "llama-70b", "--gpus", "1xA100-80G", "--out", str(out), *FAST)

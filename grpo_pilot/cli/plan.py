@@ -26,7 +26,7 @@ from grpo_pilot.hardware.cluster import Cluster, parse_cluster, parse_size_bytes
 from grpo_pilot.hardware.gpus import GPUSpec, lookup_gpu
 from grpo_pilot.planner.adapters import adapters_modelled, flag_adapter
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
-from grpo_pilot.planner.plan import Plan, check_plan_out, save_plan
+from grpo_pilot.planner.plan import CONDITIONAL_VERDICTS, Plan, check_plan_out, save_plan
 from grpo_pilot.profiles.catalog import resolve_model
 from grpo_pilot.profiles.gguf import is_gguf_ref
 from grpo_pilot.units import GiB
@@ -167,7 +167,7 @@ def _infeasible(plan: Plan, *, written: bool) -> InfeasibleError:
     what = "The pinned configuration" if plan.provenance.search_trials == 0 else "The best configuration found"
     verdict = plan.verdict
     hint = " ".join(f"Suggestion: {s}" for s in plan.suggestions) + (" No plan file was written." if written else "")
-    if verdict is not None and verdict.kind in ("tight", "fits_below_mean_response"):
+    if verdict is not None and verdict.kind in CONDITIONAL_VERDICTS:
         return ConditionalFitError(
             f"{what} for {plan.model.resolved} on {plan.cluster.label()} "
             f"{'is ' if verdict.kind == 'tight' else ''}{verdict.message}.",

@@ -85,6 +85,7 @@ def verdict_lines(plan: Plan) -> list[str]:
         "fits": "[green]FITS[/green]",
         "tight": "[yellow]TIGHT[/yellow]",
         "fits_below_mean_response": "[yellow]FITS ONLY BELOW A LENGTH[/yellow]",
+        "fits_below_mean_lengths": "[yellow]FITS ONLY WITH SHORT PROMPTS AND RESPONSES[/yellow]",
     }.get(kind, "[red]DOES NOT FIT[/red]")
     at = (
         f"expected peak (micro-batches at their {plan.memory_quantile:g} length quantile)"

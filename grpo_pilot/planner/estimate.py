@@ -131,6 +131,20 @@ def largest_blocks(ctx: MemoryContext) -> dict[str, int]:
     }
 
 
+def offload_releases(ctx: MemoryContext) -> frozenset[str]:
+    """Phases after which an offloading actor empties the cache beside `Knobs.release_cache`
+    (memory/allocator.py): verl's FSDP actor with param_offload ends `compute_log_prob` and `update_actor` with
+    `offload_fsdp_model_to_cpu(..., empty_cache=True)` (volcengine/verl@49b08e95 fsdp_workers.py L621, L702). The
+    log-prob phase is released only when its last pass is the actor's: no reference pass, or a LoRA reference
+    (the actor with its adapters disabled, `compute_ref_log_prob` → `compute_log_prob`); a separate reference
+    ends without a release (no offload call), so its logits segment stays cached through the update."""
+    if ctx.executor.offload_streams or not ctx.param_offload or ctx.knobs.strategy == "megatron":
+        return frozenset()
+    if ctx.has_ref and ctx.lora is None:
+        return frozenset({"update"})
+    return frozenset({"log_prob", "update"})
+
+
 def resident(ctx: MemoryContext, phase: str, ref_pass: bool = False) -> dict[str, int]:
     """Trainer state on a training GPU during `phase` (module docstring, step 2)."""
     loads_back = not ctx.executor.offload_streams
@@ -484,7 +498,11 @@ def estimate_memory(
     if ctx.device.caching_allocator:
         k = ctx.knobs
         phases = with_reserve(
-            phases, allocator=k.allocator, release_cache=k.release_cache, largest_blocks=largest_blocks(ctx)
+            phases,
+            allocator=k.allocator,
+            release_cache=k.release_cache,
+            largest_blocks=largest_blocks(ctx),
+            also_released=offload_releases(ctx),
         )
     return MemoryReport.model_construct(  # the search's inner loop: computed values, no validation pass
         phases={phase: PhaseMemory.of(items) for phase, items in phases.items()},

@@ -75,7 +75,9 @@ class Provenance(Frozen):
     )
 
 
-VerdictKind = Literal["fits", "tight", "fits_below_mean_response", "does_not_fit"]
+VerdictKind = Literal["fits", "tight", "fits_below_mean_response", "fits_below_mean_lengths", "does_not_fit"]
+# the verdicts `grpo-plan` ends with exit 4: a conditional fit (planner/verdict.py)
+CONDITIONAL_VERDICTS: tuple[VerdictKind, ...] = ("tight", "fits_below_mean_response", "fits_below_mean_lengths")
 
 
 class Verdict(Frozen):
@@ -85,7 +87,14 @@ class Verdict(Frozen):
     lengths_known: bool = Field(description="Whether the workload gives the data's lengths (else: the maxima).")
     boundary_mean_response_tokens: int | None = Field(
         default=None,
-        description="Lengths unknown and the maxima do not fit: the largest mean response (tokens) that fits.",
+        description="Lengths unknown and the maxima do not fit: the largest mean response (tokens) that fits, with "
+        "prompts at their maximum (fits_below_mean_response) or at `boundary_mean_prompt_tokens` "
+        "(fits_below_mean_lengths).",
+    )
+    boundary_mean_prompt_tokens: int | None = Field(
+        default=None,
+        description="fits_below_mean_lengths: no mean response fits with prompts at their maximum; the mean prompt "
+        "(tokens) of the largest fitting point, both means scaled down together (planner/verdict.py).",
     )
     peak_over_device_bytes: int = Field(description="Peak − device memory (negative: under the device).")
     message: str = Field(description="The verdict in one sentence.")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_pilot.planner.adapters import AdapterSettings
+from grpo_pilot.planner.config import Knobs, Workload
+from grpo_pilot.planner.estimate import estimate_memory
 from grpo_pilot.planner.memory.allocator import (
     RESERVE_ITEM,
     reserve_bytes,
@@ -11,9 +14,11 @@ from grpo_pilot.planner.memory.allocator import (
     since_last_release,
     with_reserve,
 )
+from tests.planner.conftest import cluster, spec
 
 MiB, GiB = 1 << 20, 1 << 30
 GRPO = ("rollout", "log_prob", "update", "weight_sync")
+LORA = AdapterSettings(framework="verl", method="lora", rank=32, alpha=32.0, target_modules=("all-linear",))
 
 
 def test_segment_sizes_follow_get_allocation_size() -> None:
@@ -80,3 +85,37 @@ def test_with_reserve_leaves_the_rollout_gpu_of_a_split_placement_alone() -> Non
     assert RESERVE_ITEM not in out["rollout"]
     assert out["update"][RESERVE_ITEM] == GiB
     assert out["log_prob"][RESERVE_ITEM] == GiB + (4 - 3) * GiB  # the update's high-water mark, never released
+
+
+def test_a_policy_plus_the_executors_own_releases() -> None:
+    assert since_last_release("update", GRPO, "verl", frozenset({"log_prob"})) == ()
+    assert since_last_release("weight_sync", GRPO, "never", frozenset({"log_prob"})) == ("update",)
+
+
+def _update_reserve(workload: Workload, **knobs) -> int:
+    report = estimate_memory(
+        spec("qwen2.5-0.5b"), cluster("1xH100"), workload, Knobs(allocator="default", **knobs), target="verl"
+    )
+    return report.phases["update"].items[RESERVE_ITEM]
+
+
+@pytest.mark.parametrize(
+    ("workload", "released"),
+    [
+        (Workload(adapter=LORA, use_kl_loss=True), True),  # the reference is the actor without its adapters
+        (Workload(use_kl_loss=False), True),  # no reference pass: the actor's pass is the last
+        (Workload(use_kl_loss=True), False),  # a separate reference ran last, without a release
+    ],
+)
+def test_verl_param_offload_empties_the_cache_after_the_actor_log_prob_pass(workload: Workload, released: bool) -> None:
+    """verl's `offload_fsdp_model_to_cpu(empty_cache=True)` ends compute_log_prob and update_actor under
+    param_offload (estimate.py `offload_releases`): the update then holds only its own stranded segment, as with
+    a release after every phase, unless a separate reference pass ran last."""
+    each = _update_reserve(workload, param_offload=True, release_cache="each_phase")
+    verl = _update_reserve(workload, param_offload=True, release_cache="verl")
+    assert each > GiB  # the update's own carved logits segment
+    assert (verl == each) is released and verl >= each
+    # without param_offload nothing offloads: the log-prob pass's segment stays cached through the update
+    assert _update_reserve(workload, param_offload=False, release_cache="verl") > _update_reserve(
+        workload, param_offload=False, release_cache="each_phase"
+    )

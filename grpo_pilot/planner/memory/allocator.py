@@ -32,7 +32,12 @@ policies into effect in grpo-run): `verl` after the update (before the weight sy
 and after the rollout (volcengine/verl@b178a3cd5 fsdp_workers.py `rollout_mode`, `generate_sequences`);
 `each_phase` after every phase (verl before 51a5ff99, #556: every worker method ended with
 `torch.cuda.empty_cache()`); `after_rollout`; `never` (TRL: transformers' `torch_empty_cache_steps`
-defaults to None, "cache will not be emptied", transformers 5.19 training_args.py).
+defaults to None, "cache will not be emptied", transformers 5.19 training_args.py). Beside the policy, an executor
+may empty the cache after more phases (`also_released`): verl's actor with `param_offload` ends `compute_log_prob`
+and `update_actor` with `offload_fsdp_model_to_cpu`, whose `empty_cache=True` default calls `empty_cache()`
+(volcengine/verl@49b08e95 verl/utils/fsdp_utils.py L131–150, verl/workers/fsdp_workers.py L620, L701; the same at
+b178a3cd5), so a log-prob phase whose last pass is the actor's leaves nothing cached for the update
+(estimate.py `offload_releases`).
 
 The replay of recorded allocation sequences (verify/allocator_sim.py, benchmarks/allocator_replay.py) runs the
 allocator's rules allocation by allocation over the engine's own steps; docs/validation.md ("Device
@@ -84,14 +89,16 @@ def segment_bytes(nbytes: int) -> int:
 CRITIC_PHASES = frozenset({"values", "critic_update"})
 
 
-def since_last_release(phase: str, present: tuple[str, ...], release_cache: ReleasePolicy) -> tuple[str, ...]:
+def since_last_release(
+    phase: str, present: tuple[str, ...], release_cache: ReleasePolicy, also_released: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
     """The phases (of `present`, in step order, of `phase`'s process) that ran after the last cache release
-    before `phase`."""
+    before `phase`; `also_released`: phases after which the executor empties the cache beside the policy."""
     critic = phase in CRITIC_PHASES
     order = [p for p in STEP_ORDER if p in present and (p in CRITIC_PHASES) == critic]
     if phase not in order:
         return ()
-    released = RELEASED_AFTER[release_cache]
+    released = RELEASED_AFTER[release_cache] | also_released
     i, out = order.index(phase), []
     for k in range(1, len(order)):
         before = order[(i - k) % len(order)]
@@ -114,13 +121,17 @@ def reserve_bytes(
     release_cache: ReleasePolicy,
     transients: dict[str, int],
     largest_blocks: dict[str, int],
+    also_released: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     """Bytes the caching allocator holds beyond the live tensors at each phase's peak (module docstring).
 
     `transients`: phase -> its transient tensor bytes at the peak (tensor items above the states resident
     throughout): a phase whose transients are smaller than its largest block did not run its passes;
-    `largest_blocks`: phase -> its largest repeated transient block."""
+    `largest_blocks`: phase -> its largest repeated transient block; `also_released`: see `since_last_release`."""
     present = tuple(transients)
+
+    def since(phase: str) -> tuple[str, ...]:
+        return since_last_release(phase, present, release_cache, also_released)
 
     def block(phase: str) -> int:
         size = largest_blocks.get(phase, 0)
@@ -131,14 +142,11 @@ def reserve_bytes(
         if allocator == "expandable":  # the partly used last page of each pool
             own[phase] = LARGE_BUFFER_BYTES + SMALL_BUFFER_BYTES
             continue
-        inherited = max((block(p) for p in since_last_release(phase, present, release_cache)), default=0)
+        inherited = max((block(p) for p in since(phase)), default=0)
         own[phase] = block(phase) + inherited
     # the reserve never shrinks between releases: a phase after a larger one still holds that one's segments
     return {
-        phase: max(
-            [own[phase]]
-            + [transients[p] + own[p] - transients[phase] for p in since_last_release(phase, present, release_cache)]
-        )
+        phase: max([own[phase]] + [transients[p] + own[p] - transients[phase] for p in since(phase)])
         for phase in present
     }
 
@@ -149,6 +157,7 @@ def with_reserve(
     allocator: AllocatorSetting,
     release_cache: ReleasePolicy,
     largest_blocks: dict[str, int],
+    also_released: frozenset[str] = frozenset(),
 ) -> dict[str, dict[str, int]]:
     """Every phase's items with `RESERVE_ITEM` added. A phase's transient bytes are its trainer tensor items
     (not the rollout engine's, which live in the engine's own pool) above what every phase holds — the
@@ -162,7 +171,11 @@ def with_reserve(
     floor = min(trainer.values(), default=0)
     transients = {phase: bytes_ - floor for phase, bytes_ in trainer.items()}
     reserve = reserve_bytes(
-        allocator=allocator, release_cache=release_cache, transients=transients, largest_blocks=largest_blocks
+        allocator=allocator,
+        release_cache=release_cache,
+        transients=transients,
+        largest_blocks=largest_blocks,
+        also_released=also_released,
     )
     return {
         phase: {**items, RESERVE_ITEM: reserve[phase]} if phase in reserve else items for phase, items in phases.items()

@@ -108,6 +108,11 @@ def verdict_text(plan: dict[str, Any]) -> str:
     verdict = plan.get("verdict") or {}
     if verdict.get("kind") == "fits_below_mean_response":
         return f"fits below mean response {verdict['boundary_mean_response_tokens'] + 1}"
+    if verdict.get("kind") == "fits_below_mean_lengths":
+        return (
+            f"fits at mean prompt ≤ {verdict['boundary_mean_prompt_tokens']} and mean response ≤ "
+            f"{verdict['boundary_mean_response_tokens']}"
+        )
     if verdict.get("kind") == "tight":
         return "tight"
     return "fits" if plan["fits"] else "does not fit"
