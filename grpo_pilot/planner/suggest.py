@@ -8,7 +8,9 @@ short sentences, in this order:
    memory-frugal settings of the search space — only layouts whose GPU count divides prompts per
    step × n (the binding rule batch.divisible_by_world); when no larger layout does, it says so and
    names the --prompts-per-step that would let more GPUs help;
-4. the longest response (binary search on `response_len_tokens`) that fits on this cluster.
+4. the longest response (binary search on `response_len_tokens`) that fits on this cluster;
+5. when none of these applies because a frugal configuration already fits this cluster as the request stands,
+   the knobs it changes (`_other_knobs`).
 When none applies, the one sentence says only what was checked and found not to fit (`_nothing_found`).
 A candidate "fits" when any of a small set of frugal configurations passes every check: offloads
 and checkpointing on, smallest batches and token budgets, each rollout TP of the space ×
@@ -173,12 +175,32 @@ def suggest(inputs: PlanInputs, failed: Assessment, pins: Mapping[str, Any] | No
         _longest_response(inputs, free),
     ]
     out = tuple(s for s in found if s)
+    if not out:  # the frugal configurations already fit as the request stands (suggestions 3-4 are moot)
+        other = _other_knobs(inputs, failed, free)
+        out = (other,) if other else ()
     if not out and pins:  # the pins themselves may be what cannot fit: say what would fit without them
         unpinned = [_host_ram_needed(inputs, {}), _fewest_gpus(inputs, {}), _longest_response(inputs, {})]
         out = tuple(f"without the pinned knobs, {s}" for s in unpinned if s)
         if not out and first_fit(inputs, {}) is not None:
             out = ("without the pinned knobs it fits on this cluster: drop the --pin flags and let the search choose.",)
     return out or (_nothing_found(inputs, free),)
+
+
+def _other_knobs(inputs: PlanInputs, failed: Assessment, pins: Mapping[str, Any]) -> str | None:
+    """When a frugal configuration fits this cluster at these lengths (the request's own knobs do not), the knobs
+    it changes from the failed configuration — so no "nothing found" is said of a job other knobs fit."""
+    a = first_fit(inputs, pins)
+    if a is None:
+        return None
+    before, after = failed.knobs.model_dump(), a.knobs.model_dump()
+    changed = [f"{k}={after[k]}" for k in after if after[k] != before.get(k)]
+    if not changed:
+        return None
+    peak, usable = a.memory.peak_gpu_bytes / GiB, inputs.usable_gpu_bytes / GiB
+    return (
+        f"other knobs fit on {inputs.cluster.label()}: the most memory-frugal ones peak at {peak:.1f} of "
+        f"{usable:.1f} GiB usable ({', '.join(changed)}); a search picks the fastest that fits."
+    )
 
 
 def _nothing_found(inputs: PlanInputs, pins: Mapping[str, Any]) -> str:

@@ -85,3 +85,18 @@ def test_nothing_found_says_only_what_was_checked() -> None:
     inputs = PlanInputs(model=model_ref(resolve_model("qwen2.5-72b")), cluster=parse_cluster("1xL4"), workload=w)
     (only,) = suggest(inputs, assess(inputs, Knobs(rollout_tp=1)), {})
     assert "not even 1-token responses fit" in only
+
+
+def test_a_launch_other_knobs_fit_is_told_so_with_the_frugal_knobs_that_do() -> None:
+    """A launch evaluated as written (no pins: `grpo-plan --from-verl`) whose own micro-batch is too big while
+    offload plus a micro-batch of 1 fits: neither offloads alone nor more GPUs nor shorter responses are the
+    answer, and "nothing found" would be false — the suggestion names the frugal knobs and their peak."""
+    inp = inputs("qwen2.5-7b", "8xH100", workload=Workload(response_len_tokens=4096))
+    failed = assess(inp, Knobs(micro_batch_size_per_gpu=64, gradient_checkpointing=False))
+    assert not failed.fits
+    (only,) = suggest(inp, failed, {})
+    fit = first_fit(inp, {})
+    assert fit is not None and fit.fits
+    assert only.startswith("other knobs fit on 8xH100-80G")
+    assert f"peak at {fit.memory.peak_gpu_bytes / 2**30:.1f} of" in only
+    assert f"micro_batch_size_per_gpu={fit.knobs.micro_batch_size_per_gpu}" in only
