@@ -259,8 +259,9 @@ def weight_sync_time_s(
     coefficients: TimeCoefficients = DEFAULT_TIME_COEFFICIENTS,
     workload: Workload | None = None,
 ) -> float:
-    """Trainer → rollout engine: gather 2·P bf16 bytes, load into vLLM; none for HF rollout on the policy itself,
-    `replica_sync_s` into our engine's hf replica."""
+    """Trainer → rollout engine: gather 2·P bf16 bytes, load into vLLM (split: over the link between the pools,
+    verl's NCCL group; our engine's master-dtype buckets through host memory, `host_transfer_s`); none for HF
+    rollout on the policy itself, `replica_sync_s` into our engine's hf replica."""
     coef, gpu = coefficients, cluster.gpu
     if knobs.rollout_backend == "hf":
         replica = plan_replica(cluster, knobs, executor=executor)
@@ -276,10 +277,13 @@ def weight_sync_time_s(
     # each shard once while gathering).
     master_bytes = precision_for(executor, cluster.device).master_bytes
     offload_s = master_bytes * param_counts(spec)[0] / train_gpus / host_link_bytes_per_s(gpu, coef) if p_off else 0.0
+    link = collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef, gpus_per_node=cluster.gpus_per_node)
+    if knobs.placement == "split" and executor.split_sync_via_host:  # our engine: master-dtype buckets via host
+        sent = master_bytes * param_counts(spec)[0]
+        return ring_time_s(sent, train_gpus, link) + host_transfer_s(sent, cluster, coef) + load_s + offload_s
     if knobs.placement == "split":
         cross = coef.nic_bytes_per_s(gpu.name) if cluster.num_nodes > 1 else gpu.link_bytes_per_s
         return weights / (cross * coef.link_efficiency) + load_s + offload_s
-    link = collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef, gpus_per_node=cluster.gpus_per_node)
     gather_s = ring_time_s(weights, train_gpus, link)
     return gather_s + load_s + offload_s
 
@@ -300,9 +304,16 @@ def replica_sync_s(
     load_s = (sent + rollout_element_bytes(cluster.device) * params) / gpu.hbm_bytes_per_s
     if knobs.placement != "split":
         return ring_time_s(sent, train_gpus, link) + load_s
-    host_s = 2 * sent / host_link_bytes_per_s(gpu, coef)  # device → host, then host → device
-    nic_s = sent / (coef.nic_bytes_per_s(gpu.name) * coef.link_efficiency) if cluster.num_nodes > 1 else 0.0
-    return ring_time_s(sent, train_gpus, link) + host_s + nic_s + load_s
+    return ring_time_s(sent, train_gpus, link) + host_transfer_s(sent, cluster, coef) + load_s
+
+
+def host_transfer_s(sent_bytes: float, cluster: Cluster, coefficients: TimeCoefficients) -> float:
+    """Our engine's split weight sync between the pools (`ExecutorTraits.split_sync_via_host`): device → host on
+    training rank 0, the Ray object store (across nodes: the NIC), host → device on the rollout GPU."""
+    coef, gpu = coefficients, cluster.gpu
+    host_s = 2 * sent_bytes / host_link_bytes_per_s(gpu, coef)
+    nic_s = sent_bytes / (coef.nic_bytes_per_s(gpu.name) * coef.link_efficiency) if cluster.num_nodes > 1 else 0.0
+    return host_s + nic_s
 
 
 def trained_tokens_per_step(workload: Workload) -> float:

@@ -78,6 +78,13 @@ the executor behaviour it stands for and the source where it was read:
   `build_model(...).to(device=..., dtype=bf16 on CUDA / fp32 on the CPU)`), loaded by `sync_weights`
   (planner/hf_decode_mode.py `hf_replica`). verl's and TRL's HF rollout generate on the trainer's module itself
   (gathered as `hf_generation_weights` says).
+- split_sync_via_host: under split placement the weights travel trainer → rollout through host memory, with no
+  communicator between the pools: our engine (engine/weight_sync.py: training rank 0 puts each bucket into the
+  Ray object store, every rollout worker pulls it and copies it host → device). verl's split recipes join both
+  pools in an NCCL group (volcengine/verl@b178a3cd5 verl/experimental/one_step_off_policy/ray_trainer.py
+  `create_weight_sync_group` / `collective.create_collective_group(..., group_name="actor_rollout")`, the same in
+  fully_async_policy/param_sync.py); TRL's vLLM server mode through `VLLMClient.init_communicator` (a
+  PyNcclCommunicator between the trainer and the server's workers).
 - quantized_adapter_bytes: the adapters' dtype over a bitsandbytes base: TRL casts them to bf16
   ("following the QLoRA paper", grpo_trainer.py L530–L541); elsewhere fp32 (peft autocast_adapter_dtype).
 """
@@ -139,6 +146,7 @@ class ExecutorTraits(NamedTuple):
     quantized_adapter_bytes: int = FP32_BYTES
     forces_fsdp_ref_offload: bool = False
     hf_rollout_replica: bool = False
+    split_sync_via_host: bool = False
 
     def has_knob(self, name: str) -> bool:
         """Whether the executor has a setting for knob `name` (else the search leaves it at its default)."""
@@ -163,6 +171,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         shares_prompts=True,
         fused_adamw_on_cpu=True,
         hf_rollout_replica=True,
+        split_sync_via_host=True,
     ),
     "verl": ExecutorTraits(
         name="verl",

@@ -137,19 +137,20 @@ def engine_start_resident_bytes(
 
 
 def process_overheads(
-    overheads: Overheads, device: DeviceTraits, *, sharded: bool, ulysses_sp: int, split: bool
+    overheads: Overheads, device: DeviceTraits, *, sharded: bool, ulysses_sp: int, sync_group: bool
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """(trainer process overheads, rollout-only GPU overheads) per device."""
+    """(trainer process overheads, rollout-only GPU overheads) per device. `sync_group`: a split placement whose
+    weight sync joins both pools in an NCCL group (`ExecutorTraits.split_sync_via_host` False)."""
     if not device.caching_allocator:
         rss = {"overhead_process_rss": overheads.cpu_process_rss_bytes}
         return rss, dict(rss)
-    comms = (1 if sharded else 0) + (1 if ulysses_sp > 1 else 0) + (1 if split else 0)
+    comms = (1 if sharded else 0) + (1 if ulysses_sp > 1 else 0) + (1 if sync_group else 0)
     base = {
         "overhead_cuda_context": overheads.cuda_context_bytes,
         "overhead_cublas_workspace": overheads.cublas_workspace_bytes,
     }
     trainer = {**base, "overhead_nccl": comms * overheads.nccl_bytes_per_communicator}
-    rollout = {**base, "overhead_nccl": overheads.nccl_bytes_per_communicator if split else 0}  # weight-sync group
+    rollout = {**base, "overhead_nccl": overheads.nccl_bytes_per_communicator if sync_group else 0}
     return trainer, rollout
 
 
@@ -393,7 +394,11 @@ def _rollout_side(
     holds at its start, and what the engine keeps allocated during the training phases."""
     lay, device = sh.layout, cluster.device
     trainer_oh, rollout_oh = process_overheads(
-        overheads, device, sharded=lay.trainer_gpus > 1, ulysses_sp=knobs.ulysses_sp, split=lay.split
+        overheads,
+        device,
+        sharded=lay.trainer_gpus > 1,
+        ulysses_sp=knobs.ulysses_sp,
+        sync_group=lay.split and not executor.split_sync_via_host,
     )
     budget = _rollout_budget(
         model,
