@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_pilot.engine.device_memory import RELEASE_POINTS
 from grpo_pilot.planner.adapters import AdapterSettings
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.estimate import estimate_memory, executor_releases, largest_blocks
 from grpo_pilot.planner.memory.allocator import (
+    RELEASED_AFTER,
     RESERVE_ITEM,
     reserve_bytes,
     segment_bytes,
@@ -130,8 +132,8 @@ def _update_reserve(workload: Workload, **knobs) -> int:
 )
 def test_verl_param_offload_empties_the_cache_after_the_actor_log_prob_pass(workload: Workload, released: bool) -> None:
     """verl's `offload_fsdp_model_to_cpu(empty_cache=True)` ends compute_log_prob and update_actor under
-    param_offload (estimate.py `offload_releases`): the update then holds only its own stranded segment, as with
-    a release after every phase, unless a separate reference pass ran last."""
+    param_offload (estimate.py `executor_releases`, memory/releases.py): the update then holds only its own
+    stranded segment, as with a release after every phase, unless a separate reference pass ran last."""
     each = _update_reserve(workload, param_offload=True, release_cache="each_phase")
     verl = _update_reserve(workload, param_offload=True, release_cache="verl")
     assert each > GiB  # the update's own carved logits segment
@@ -219,3 +221,17 @@ def test_the_critics_offload_empties_the_cache_before_the_actors_update() -> Non
     assert {"values", "critic_update"} <= executor_releases(ctx)
     assert blocks == kept_blocks and _reserve(off, "update") == segment_bytes(blocks["update"])
     assert _reserve(kept, "update") - _reserve(off, "update") == segment_bytes(blocks["log_prob"])
+
+
+def test_grpo_run_releases_where_the_planner_charges_each_policy() -> None:
+    """engine/device_memory.py's release points are the planner's RELEASED_AFTER sets, policy by policy (the
+    release before the weight sync is the one after the update)."""
+    phase_of = {
+        "before_weight_sync": "update",
+        "after_weight_sync": "weight_sync",
+        "after_rollout": "rollout",
+        "after_log_prob": "log_prob",
+    }
+    assert set(RELEASE_POINTS) == set(RELEASED_AFTER)
+    for policy, points in RELEASE_POINTS.items():
+        assert {phase_of[p] for p in points} == RELEASED_AFTER[policy], policy
