@@ -27,6 +27,9 @@ unused blocks to the driver, so the next phase starts from the live tensors alon
   starts with `aggressive_empty_cache` (after the update, before the weights go to the rollout engine) and
   calls it again after `update_weights`; `generate_sequences` ends with `empty_cache()` ("clear kv cache")
   — here: before and after the weight sync, and after the rollout;
+- "before_sync_after_rollout": before the weight sync and after the rollout, not after the sync — verl from
+  3fc3e2b7 (#575) to 58840419 (#1081), v0.3.0: sharding_manager/fsdp_vllm.py@3fc3e2b7 `__enter__` empties the cache
+  before `state_dict()` only, `__exit__` after `sleep`;
 - "each_phase": those three and after every log-prob pass — verl before 51a5ff99 (#556, 2025-03-12), whose
   worker methods each ended with `torch.cuda.empty_cache()` (fsdp_workers.py@v0.2: update_actor,
   generate_sequences, compute_log_prob, compute_ref_log_prob; the release after the update is the next
@@ -55,6 +58,7 @@ ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"  # read first by c10 CUDAAllocatorConfig::in
 EXPANDABLE = "expandable_segments"
 RELEASE_POINTS: dict[str, tuple[str, ...]] = {
     "verl": ("before_weight_sync", "after_weight_sync", "after_rollout"),
+    "before_sync_after_rollout": ("before_weight_sync", "after_rollout"),
     "each_phase": ("before_weight_sync", "after_weight_sync", "after_rollout", "after_log_prob"),
     "after_rollout": ("after_rollout",),
     "never": (),
@@ -68,7 +72,9 @@ class AllocatorReport(Frozen):
     alloc_conf: str | None = Field(
         description="PYTORCH_CUDA_ALLOC_CONF in effect in the workers (None: unset, PyTorch's defaults)."
     )
-    release_cache: str = Field(description="Run config `release_cache`: verl | each_phase | after_rollout | never.")
+    release_cache: str = Field(
+        description="Run config `release_cache`: verl | before_sync_after_rollout | each_phase | after_rollout | never."
+    )
     release_points: tuple[str, ...] = Field(description="Where torch.cuda.empty_cache() ran.")
     applies: str = Field(description="'cuda', or why the settings did nothing (CPU runs).")
 

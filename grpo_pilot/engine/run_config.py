@@ -226,7 +226,8 @@ class RunConfig(Frozen):
     release_cache: ReleasePolicy | None = Field(
         default=None,
         description="Where torch.cuda.empty_cache() runs: verl (before and after the weight sync, after the rollout), "
-        "each_phase (also after every log-prob pass), after_rollout, or never; None = the plan's knob; no-op on CPU.",
+        "before_sync_after_rollout (verl v0.3.0: not after the sync), each_phase (also after every log-prob pass), "
+        "after_rollout, or never; None = the plan's knob; no-op on CPU.",
     )
     memory_history: bool = Field(
         default=False,

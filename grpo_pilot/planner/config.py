@@ -32,7 +32,7 @@ VllmMemory = Literal["instance", "device", "free"]
 # The CUDA caching allocator's setting and where the executor empties its cache (planner/memory/allocator.py
 # models both; engine/device_memory.py puts them into effect in grpo-run).
 AllocatorSetting = Literal["expandable", "default"]
-ReleasePolicy = Literal["verl", "each_phase", "after_rollout", "never"]
+ReleasePolicy = Literal["verl", "before_sync_after_rollout", "each_phase", "after_rollout", "never"]
 
 # Sanity bounds of a job (a larger value is a typo or a hostile input, and its arithmetic leaves float range):
 # 16× the 1M-token context of the longest-context bundled family (Qwen2.5-1M), and batches far beyond any
@@ -327,9 +327,11 @@ class Knobs(Frozen):
     release_cache: ReleasePolicy = Field(
         default="verl",
         description="Where torch.cuda.empty_cache() returns the cached blocks: 'verl' (before and after the weight "
-        "sync and after the rollout: verl since 3fc3e2b7 (#575), grpo-run's default), 'each_phase' (also after "
-        "every log-prob pass and update: verl before 51a5ff99 (#556)), 'after_rollout', or 'never' (TRL without "
-        "vLLM sleep mode).",
+        "sync and after the rollout: verl's FSDP workers since 58840419 (#1081), its Megatron workers since dc8b5076 "
+        "(#2678), grpo-run's default), 'before_sync_after_rollout' (not after the sync: verl 3fc3e2b7 (#575) to "
+        "#1081, v0.3.0), 'each_phase' (also after every log-prob pass and update: verl before 51a5ff99 (#556)), "
+        "'after_rollout', or 'never' (TRL without vLLM sleep mode). verl's workers add their own releases "
+        "(planner/memory/releases.py).",
     )
     placement: Placement = Field(
         default="colocated", description="'colocated' (hybrid engine) or 'split' (separate rollout GPUs)."

@@ -26,7 +26,8 @@ then one function per phase reads it (reference/memory-model.md is the spec; eac
    forward-only pass inside a layer or at the logits) — transients of different moments never add;
 5. overheads (CUDA context, cuBLAS workspace, NCCL communicators) and what the caching allocator holds
    beyond the live tensors at each phase's peak, from its rules, the `allocator` setting and the
-   `release_cache` policy (memory/allocator.py); on the cpu pseudo-device only the process RSS
+   `release_cache` policy (memory/allocator.py) with the executor's own releases (memory/releases.py: verl's
+   workers under offload, Megatron after every method); on the cpu pseudo-device only the process RSS
    (`DeviceTraits.caching_allocator`).
 
 Split placement reports, per phase, the GPU that peaks: the rollout pool's GPU for rollout, a training
@@ -92,6 +93,7 @@ from grpo_pilot.planner.memory.logits import logits_block_bytes, logprob_logits_
 from grpo_pilot.planner.memory.megatron_phases import megatron_engine_budget, megatron_memory
 from grpo_pilot.planner.memory.moments import log_prob_peak_items, update_peak_items
 from grpo_pilot.planner.memory.optimizer import adam_step_temporary_bytes
+from grpo_pilot.planner.memory.releases import VERL, fsdp_actor_releases, fsdp_critic_releases, megatron_releases
 from grpo_pilot.planner.memory.rollout_engines import SYNC_FIELDS, engine_items
 from grpo_pilot.planner.memory.shared_prompts import shared_positions
 from grpo_pilot.planner.memory.tokens import scored_tokens
@@ -131,18 +133,18 @@ def largest_blocks(ctx: MemoryContext) -> dict[str, int]:
     }
 
 
-def offload_releases(ctx: MemoryContext) -> frozenset[str]:
-    """Phases after which an offloading actor empties the cache beside `Knobs.release_cache`
-    (memory/allocator.py): verl's FSDP actor with param_offload ends `compute_log_prob` and `update_actor` with
-    `offload_fsdp_model_to_cpu(..., empty_cache=True)` (volcengine/verl@49b08e95 fsdp_workers.py L621, L702). The
-    log-prob phase is released only when its last pass is the actor's: no reference pass, or a LoRA reference
-    (the actor with its adapters disabled, `compute_ref_log_prob` → `compute_log_prob`); a separate reference
-    ends without a release (no offload call), so its logits segment stays cached through the update."""
-    if ctx.executor.offload_streams or not ctx.param_offload or ctx.knobs.strategy == "megatron":
+def executor_releases(ctx: MemoryContext) -> frozenset[str]:
+    """Phases after which the executor's workers empty the cache beside `Knobs.release_cache`
+    (memory/allocator.py `also_released`): verl's, by backend and offload flags (memory/releases.py); our engine
+    and TRL release only where the policy says."""
+    k = ctx.knobs
+    if ctx.executor.name != VERL:
         return frozenset()
-    if ctx.has_ref and ctx.lora is None:
-        return frozenset({"update"})
-    return frozenset({"log_prob", "update"})
+    if k.strategy == "megatron":
+        return megatron_releases(param_offload=ctx.param_offload, optimizer_offload=ctx.optimizer_offload)
+    # the log-prob phase's last pass is a separate reference's unless there is none or it is the actor's (LoRA)
+    actor = fsdp_actor_releases(param_offload=ctx.param_offload, reference_pass_last=ctx.has_ref and ctx.lora is None)
+    return actor | fsdp_critic_releases(critic_param_offload=k.critic_param_offload, release_cache=k.release_cache)
 
 
 def resident(ctx: MemoryContext, phase: str, ref_pass: bool = False) -> dict[str, int]:
@@ -502,7 +504,7 @@ def estimate_memory(
             allocator=k.allocator,
             release_cache=k.release_cache,
             largest_blocks=largest_blocks(ctx),
-            also_released=offload_releases(ctx),
+            also_released=executor_releases(ctx),
         )
     return MemoryReport.model_construct(  # the search's inner loop: computed values, no validation pass
         phases={phase: PhaseMemory.of(items) for phase, items in phases.items()},

@@ -58,8 +58,10 @@ def micro_batch_seqs(plan: Plan) -> int:
 
 
 def _verl_allocator_note(plan: Plan) -> str:
-    """What the plan's allocator setting means for a verl launch (verl_versions.CHANGES 'expandable_segments')."""
-    since = change_named("expandable_segments").source
+    """What the plan's allocator setting means for a verl launch (verl_versions.CHANGES 'expandable_segments', for
+    the Megatron workers 'megatron_expandable_segments')."""
+    megatron = plan.knobs.strategy == "megatron"
+    since = change_named("megatron_expandable_segments" if megatron else "expandable_segments").source
     if plan.knobs.allocator == "expandable":
         return (
             f"the plan assumes expandable segments ({since} and later set them for training); with an older "

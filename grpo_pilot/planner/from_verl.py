@@ -343,7 +343,7 @@ def verl_launch(
     megatron = str(v.get(ARR + "actor.strategy")) == "megatron"
     divisor = megatron_data_parallel_divisor(v) if megatron else None
     batches = micro_batches(_batch_settings(v, nnodes * per_node, divisor), win, notes)
-    knobs = {**_knobs(v, env, batches, notes), **allocator_knobs(env, win, notes)}
+    knobs = {**_knobs(v, env, batches, notes), **allocator_knobs(env, win, notes, megatron=megatron)}
     installed = str(env.get(VLLM_VERSION_WORD, "")).strip()
     knobs["max_num_seqs"] = engine_max_num_seqs(knobs, win, notes, installed=installed, gpu=gpu)
     knobs["vllm_memory"] = vllm_memory_of(knobs, env, win, notes)

@@ -109,10 +109,12 @@ CHANGES: tuple[Change, ...] = (
         "verl 51a5ff999 (#556)",
         None,
         "each_phase",
-        "verl",
-        "every worker method ended with torch.cuda.empty_cache() (fsdp_workers.py@v0.2: update_actor, "
-        "generate_sequences, compute_log_prob, compute_ref_log_prob), so no phase inherited another's cached "
-        "blocks; since (with 3fc3e2b74, #575), the cache is emptied only around the weight sync and after the rollout",
+        "before_sync_after_rollout",
+        "every FSDP worker method ended with torch.cuda.empty_cache() (fsdp_workers.py@v0.2: update_actor, "
+        "generate_sequences, compute_log_prob, compute_ref_log_prob, update_critic), so no actor phase inherited "
+        "another's cached blocks; since (with 3fc3e2b74, #575), the cache is emptied before the weight sync and "
+        "after the rollout (the sharding manager's __enter__ and __exit__) and where an offload empties it "
+        "(planner/memory/releases.py); the Megatron workers kept theirs",
     ),
     Change(
         "mini_batch_check",
@@ -125,6 +127,18 @@ CHANGES: tuple[Change, ...] = (
         "batch.split(ppo_mini_batch_size) gives one mini-batch (Unakar/Logic-RL@fb31708 "
         "verl/workers/actor/dp_actor.py line 218); since, ray_trainer asserts train_batch_size >= "
         "ppo_mini_batch_size",
+    ),
+    Change(
+        "sync_release",
+        "2025-04-15T17:11",
+        "verl 588404196 (#1081)",
+        None,
+        "before_sync_after_rollout",
+        "verl",
+        "the FSDP sharding manager emptied the cache before the weight sync (fsdp_vllm.py@3fc3e2b74 __enter__) but "
+        "not after it, so the rollout held the sync's cached blocks unless param_offload's offload_fsdp_model_to_cpu "
+        "emptied it (fsdp_workers.py@3fc3e2b74 generate_sequences); since, __enter__ empties it after loading the "
+        "weights (vLLM >= 0.8.3 from 550bbbbff, #987; every vLLM >= 0.7 from #1081)",
     ),
     Change(
         "entropy",
@@ -160,6 +174,19 @@ CHANGES: tuple[Change, ...] = (
         "device under 70 GiB (planner/vllm_defaults.py)",
     ),
     Change(
+        "megatron_sync_release",
+        "2025-07-25T02:34",
+        "verl dc8b5076c (#2678)",
+        None,
+        "after_rollout",
+        "verl",
+        "the Megatron sharding manager emptied the cache only in __exit__ after the rollout (megatron_vllm.py@"
+        "cc8fca504), before the sync only through update_actor's own release, after it only where param_offload or "
+        "optimizer_offload offloaded (megatron_workers.py@cc8fca504 generate_sequences); since, __enter__ calls "
+        "aggressive_empty_cache before and after loading the weights (megatron_vllm.py@dc8b5076c; "
+        "megatron_workers.py@b178a3cd5 rollout_mode)",
+    ),
+    Change(
         "enforce_eager",
         "2025-08-08T13:00",
         "verl ff6978c14 (#2956)",
@@ -188,6 +215,17 @@ CHANGES: tuple[Change, ...] = (
         "the trainer ran PyTorch's default caching allocator (fixed cudaMalloc segments; verl sets no "
         "PYTORCH_CUDA_ALLOC_CONF); since, the FSDP workers switch expandable_segments on for training "
         "(sharding manager __exit__, later fsdp_workers.rollout_mode: utils/device.py set_expandable_segments)",
+    ),
+    Change(
+        "megatron_expandable_segments",
+        "2025-08-23T02:49",
+        "verl bf56a2aa2 (#3181)",
+        None,
+        "default",
+        "expandable",
+        "the Megatron trainer ran PyTorch's default caching allocator (e6843cc82, #3020, switched only the FSDP "
+        "sharding managers); since, megatron_vllm.py / megatron_sglang.py switch expandable_segments on for training "
+        "in __exit__ (utils/device.py set_expandable_segments)",
     ),
     Change(
         "remove_padding",

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_pilot.engine.device_memory import RELEASE_POINTS
 from grpo_pilot.planner.adapters import AdapterSettings
 from grpo_pilot.planner.config import Knobs, Workload
-from grpo_pilot.planner.estimate import estimate_memory
+from grpo_pilot.planner.estimate import estimate_memory, executor_releases, largest_blocks
 from grpo_pilot.planner.memory.allocator import (
+    RELEASED_AFTER,
     RESERVE_ITEM,
     reserve_bytes,
     segment_bytes,
     since_last_release,
     with_reserve,
 )
+from grpo_pilot.planner.memory.context import memory_context
+from grpo_pilot.planner.memory.releases import fsdp_critic_releases
+from grpo_pilot.planner.memory.rollout_engines import ENGINE_ITEM_NAMES
+from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS
+from grpo_pilot.planner.reports import OVERHEAD_PREFIX
+from grpo_pilot.planner.traits import traits_for
 from tests.planner.conftest import cluster, spec
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -35,6 +43,9 @@ def test_segment_sizes_follow_get_allocation_size() -> None:
         ("after_rollout", "weight_sync", ("log_prob", "update")),
         ("verl", "update", ("log_prob",)),
         ("verl", "weight_sync", ()),  # emptied before the sync
+        ("verl", "rollout", ()),  # and after it
+        ("before_sync_after_rollout", "rollout", ("weight_sync",)),  # verl v0.3.0: not after the sync
+        ("before_sync_after_rollout", "weight_sync", ()),
         ("each_phase", "update", ()),
         ("never", "update", ("weight_sync", "rollout", "log_prob")),
     ],
@@ -47,10 +58,22 @@ def test_phases_since_the_last_release(policy: str, phase: str, since: tuple[str
         assert got == set(since)
 
 
-def test_the_critic_process_keeps_its_own_cache() -> None:
-    ppo = ("rollout", "log_prob", "values", "critic_update", "update", "weight_sync")
-    assert set(since_last_release("update", ppo, "verl")) == {"log_prob"}
-    assert set(since_last_release("values", ppo, "verl")) == {"critic_update"}
+PPO = ("rollout", "log_prob", "values", "critic_update", "update", "weight_sync")
+
+
+def test_the_critic_shares_the_actors_process_and_cache() -> None:
+    """verl fuses every role of a GPU into one worker process (memory/releases.py): the critic's phases find the
+    log-prob pass's cached blocks and the update finds theirs, unless the critic's offload empties the cache."""
+    assert since_last_release("update", PPO, "verl") == ("log_prob", "values", "critic_update")
+    assert since_last_release("values", PPO, "verl") == ("log_prob",)
+    offloaded = fsdp_critic_releases(critic_param_offload=True, release_cache="verl")
+    assert since_last_release("update", PPO, "verl", offloaded) == ()
+    assert since_last_release("critic_update", PPO, "verl", offloaded) == ()
+    # before #556 update_critic emptied the cache itself, compute_values never did
+    old = fsdp_critic_releases(critic_param_offload=False, release_cache="each_phase")
+    assert since_last_release("critic_update", PPO, "each_phase", old) == ("values",)
+    assert since_last_release("update", PPO, "each_phase", old) == ()
+    assert fsdp_critic_releases(critic_param_offload=False, release_cache="verl") == frozenset()
 
 
 def test_reserve_per_setting() -> None:
@@ -109,8 +132,8 @@ def _update_reserve(workload: Workload, **knobs) -> int:
 )
 def test_verl_param_offload_empties_the_cache_after_the_actor_log_prob_pass(workload: Workload, released: bool) -> None:
     """verl's `offload_fsdp_model_to_cpu(empty_cache=True)` ends compute_log_prob and update_actor under
-    param_offload (estimate.py `offload_releases`): the update then holds only its own stranded segment, as with
-    a release after every phase, unless a separate reference pass ran last."""
+    param_offload (estimate.py `executor_releases`, memory/releases.py): the update then holds only its own
+    stranded segment, as with a release after every phase, unless a separate reference pass ran last."""
     each = _update_reserve(workload, param_offload=True, release_cache="each_phase")
     verl = _update_reserve(workload, param_offload=True, release_cache="verl")
     assert each > GiB  # the update's own carved logits segment
@@ -119,3 +142,96 @@ def test_verl_param_offload_empties_the_cache_after_the_actor_log_prob_pass(work
     assert _update_reserve(workload, param_offload=False, release_cache="verl") > _update_reserve(
         workload, param_offload=False, release_cache="each_phase"
     )
+
+
+MODEL, GPUS = spec("qwen2.5-0.5b"), cluster("1xH100")
+
+
+def _plan(workload: Workload, **knobs):
+    """The report and the largest blocks of a verl plan under the default allocator."""
+    k = Knobs(allocator="default", **knobs)
+    ctx = memory_context(MODEL, GPUS, workload, k, executor=traits_for("verl"), overheads=DEFAULT_OVERHEADS)
+    return estimate_memory(MODEL, GPUS, workload, k, target="verl"), largest_blocks(ctx), ctx
+
+
+def _trainer_bytes(items: dict[str, int]) -> int:
+    """A phase's trainer tensors (what allocator.with_reserve measures transients by)."""
+    return sum(v for k, v in items.items() if not k.startswith(OVERHEAD_PREFIX) and k not in ENGINE_ITEM_NAMES)
+
+
+def _reserve(report, phase: str) -> int:
+    return report.phases[phase].items[RESERVE_ITEM]
+
+
+def _policy_alone(report, *, release_cache: str, blocks: dict[str, int]) -> dict[str, int]:
+    """The reserve the policy alone would give on the same phases (no executor releases)."""
+    phases = {p: {k: v for k, v in m.items.items() if k != RESERVE_ITEM} for p, m in report.phases.items()}
+    out = with_reserve(phases, allocator="default", release_cache=release_cache, largest_blocks=blocks)
+    return {p: items[RESERVE_ITEM] for p, items in out.items()}
+
+
+def test_megatron_workers_release_after_every_method() -> None:
+    """megatron_workers.py: compute_log_prob / compute_ref_log_prob end with an empty_cache whatever the offload
+    flags (memory/releases.py), so the update holds only its own carved logits segment — the policy alone would
+    leave it the log-prob pass's segment too."""
+    w = Workload(use_kl_loss=True)
+    report, blocks, ctx = _plan(w, strategy="megatron", release_cache="verl")
+    assert executor_releases(ctx) == {"log_prob", "update", "rollout"}
+    own, inherited = segment_bytes(blocks["update"]), segment_bytes(blocks["log_prob"])
+    assert inherited > 0 and _reserve(report, "update") == own
+    # without the release the update would still hold the log-prob pass's segments: its carved block, or all the
+    # pass's cached bytes beyond the update's tensors where those are more (the reserve is a high-water mark)
+    log_prob, update = (_trainer_bytes(report.phases[p].items) for p in ("log_prob", "update"))
+    kept = _policy_alone(report, release_cache="verl", blocks=blocks)["update"]
+    assert kept == max(own + inherited, log_prob + inherited - update) > own
+
+
+@pytest.mark.parametrize(
+    ("strategy", "policy", "flag"),
+    [
+        ("megatron", "after_rollout", "param_offload"),  # megatron_workers.py@cc8fca504 generate_sequences
+        ("megatron", "after_rollout", "optimizer_offload"),  # offload_megatron_optimizer empties the cache too
+        ("fsdp", "before_sync_after_rollout", "param_offload"),  # fsdp_workers.py@3fc3e2b74 generate_sequences
+    ],
+)
+def test_an_offload_after_the_weight_sync_empties_the_cache_before_the_rollout(
+    strategy: str, policy: str, flag: str
+) -> None:
+    """Where the era's policy does not release after the weight sync (Megatron before #2678, FSDP #575-#1081), the
+    rollout holds the sync's cached blocks (a high-water mark) unless an offload right after the sync emptied the
+    cache: with the flag the rollout holds nothing beyond its tensors, without it the sync's transient excess."""
+    w = Workload(use_kl_loss=False)
+    off, _, ctx = _plan(w, strategy=strategy, release_cache=policy, **{flag: True})
+    on, _, _ = _plan(w, strategy=strategy, release_cache=policy)
+    assert "weight_sync" in executor_releases(ctx)
+    assert _reserve(off, "rollout") == 0
+    sync, rollout = (_trainer_bytes(on.phases[p].items) for p in ("weight_sync", "rollout"))
+    assert sync > rollout and _reserve(on, "rollout") == sync - rollout
+    # today's policy releases after the sync either way
+    assert _reserve(_plan(w, strategy=strategy, release_cache="verl")[0], "rollout") == 0
+
+
+def test_the_critics_offload_empties_the_cache_before_the_actors_update() -> None:
+    """PPO in verl: the critic shares the actor's allocator; under critic_param_offload compute_values and
+    update_critic end with offload_fsdp_model_to_cpu's empty_cache, so the actor's update no longer holds the
+    log-prob pass's carved logits segment — exactly that segment less."""
+    w = Workload(algorithm="ppo", use_kl_loss=False)
+    off, blocks, ctx = _plan(w, release_cache="verl", critic_param_offload=True)
+    kept, kept_blocks, _ = _plan(w, release_cache="verl")
+    assert {"values", "critic_update"} <= executor_releases(ctx)
+    assert blocks == kept_blocks and _reserve(off, "update") == segment_bytes(blocks["update"])
+    assert _reserve(kept, "update") - _reserve(off, "update") == segment_bytes(blocks["log_prob"])
+
+
+def test_grpo_run_releases_where_the_planner_charges_each_policy() -> None:
+    """engine/device_memory.py's release points are the planner's RELEASED_AFTER sets, policy by policy (the
+    release before the weight sync is the one after the update)."""
+    phase_of = {
+        "before_weight_sync": "update",
+        "after_weight_sync": "weight_sync",
+        "after_rollout": "rollout",
+        "after_log_prob": "log_prob",
+    }
+    assert set(RELEASE_POINTS) == set(RELEASED_AFTER)
+    for policy, points in RELEASE_POINTS.items():
+        assert {phase_of[p] for p in points} == RELEASED_AFTER[policy], policy

@@ -148,8 +148,11 @@ def test_the_allocator_and_cache_releases_follow_the_verl_version() -> None:
     assert (old["allocator"], old["release_cache"]) == ("default", "each_phase")
     new = verl_launch(LOGIC_RL | {A + "actor.ppo_mini_batch_size": "8"}, version="2025-09-01").knobs
     assert (new["allocator"], new["release_cache"]) == ("expandable", "verl")
-    between = verl_launch(LOGIC_RL | {A + "actor.ppo_mini_batch_size": "8"}, version="2025-04-01").knobs
-    assert (between["allocator"], between["release_cache"]) == ("default", "verl")
+    # verl v0.3.0 (#575 to #1081): the sharding manager emptied the cache before the sync, not after it
+    between = verl_launch(LOGIC_RL | {A + "actor.ppo_mini_batch_size": "8"}, version="0.3.0.post1").knobs
+    assert (between["allocator"], between["release_cache"]) == ("default", "before_sync_after_rollout")
+    later = verl_launch(LOGIC_RL | {A + "actor.ppo_mini_batch_size": "8"}, version="0.4.0").knobs
+    assert (later["allocator"], later["release_cache"]) == ("default", "verl")
     # an old verl whose launch sets expandable segments itself runs them
     env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}
     assert verl_launch(LOGIC_RL, env).knobs["allocator"] == "expandable"
@@ -212,3 +215,27 @@ def test_vendored_worker_takes_utilization_of_the_memory_left_free() -> None:
     )
     own = b.weights_bytes + b.activation_bytes + b.non_torch_bytes + b.cuda_graph_bytes
     assert total.kv_signed_bytes == int(0.4 * 80 * gib) - 20 * gib - own
+
+
+@pytest.mark.parametrize(
+    ("version", "fsdp", "megatron"),
+    [
+        ("0.2", ("default", "each_phase"), ("default", "after_rollout")),  # #556 touched only the FSDP workers
+        ("0.3.0.post1", ("default", "before_sync_after_rollout"), ("default", "after_rollout")),
+        ("0.5.0", ("default", "verl"), ("default", "after_rollout")),  # 2025-07-23: before #2678 (07-25)
+        ("2025-08-15", ("expandable", "verl"), ("default", "verl")),  # after #3020, before #3181
+        ("0.6.0", ("expandable", "verl"), ("expandable", "verl")),
+    ],
+)
+def test_the_megatron_workers_have_their_own_release_and_allocator_history(
+    version: str, fsdp: tuple[str, str], megatron: tuple[str, str]
+) -> None:
+    """verl_versions.CHANGES per backend (planner/memory/releases.py): the Megatron sharding manager empties the
+    cache after the weight sync since dc8b5076c (#2678) and switches expandable segments on since bf56a2aa2
+    (#3181); its worker methods always released (memory/releases.py adds those beside the policy)."""
+    keys = LOGIC_RL | {A + "actor.ppo_mini_batch_size": "8"}
+    f = verl_launch(keys, version=version).knobs
+    m = verl_launch(keys, version=version, config_name="ppo_megatron_trainer").knobs
+    assert m["strategy"] == "megatron" and f.get("strategy", "fsdp") == "fsdp"
+    assert (f["allocator"], f["release_cache"]) == fsdp
+    assert (m["allocator"], m["release_cache"]) == megatron

@@ -27,17 +27,19 @@ constants moved to c10/core/AllocatorConfig.h):
 - either way, the reserve only shrinks at a release: a phase that follows a larger one without a release in
   between still holds that one's segments (reserved bytes are a high-water mark between releases).
 
-`release_cache` says after which phases the cache is emptied (engine/device_memory.py puts the same
-policies into effect in grpo-run): `verl` after the update (before the weight sync), after the weight sync
-and after the rollout (volcengine/verl@b178a3cd5 fsdp_workers.py `rollout_mode`, `generate_sequences`);
-`each_phase` after every phase (verl before 51a5ff99, #556: every worker method ended with
-`torch.cuda.empty_cache()`); `after_rollout`; `never` (TRL: transformers' `torch_empty_cache_steps`
-defaults to None, "cache will not be emptied", transformers 5.19 training_args.py). Beside the policy, an executor
-may empty the cache after more phases (`also_released`): verl's actor with `param_offload` ends `compute_log_prob`
-and `update_actor` with `offload_fsdp_model_to_cpu`, whose `empty_cache=True` default calls `empty_cache()`
-(volcengine/verl@49b08e95 verl/utils/fsdp_utils.py L131–150, verl/workers/fsdp_workers.py L620, L701; the same at
-b178a3cd5), so a log-prob phase whose last pass is the actor's leaves nothing cached for the update
-(estimate.py `offload_releases`).
+`release_cache` says after which phases the rollout machinery empties the cache (engine/device_memory.py puts the
+same policies into effect in grpo-run): `verl` after the update (before the weight sync), after the weight sync and
+after the rollout (volcengine/verl@b178a3cd5 fsdp_workers.py `rollout_mode`, `generate_sequences`; the FSDP sharding
+manager since 58840419 #1081, the Megatron one since dc8b5076 #2678); `before_sync_after_rollout` before the weight
+sync and after the rollout only (verl 3fc3e2b7 #575 to #1081, verl v0.3.0: sharding_manager/fsdp_vllm.py@3fc3e2b7
+`__enter__` empties the cache before `state_dict()` and not after loading the weights, `__exit__` after `sleep`);
+`each_phase` after every phase of the actor (verl before 51a5ff99, #556: every ActorRolloutRefWorker method ended
+with `torch.cuda.empty_cache()`); `after_rollout`; `never` (TRL: transformers' `torch_empty_cache_steps` defaults to
+None, "cache will not be emptied", transformers 5.19 training_args.py). Beside the policy, the executor's workers
+empty the cache after more phases (`also_released`, memory/releases.py): verl's FSDP actor and critic under their
+param offload, verl's Megatron workers after every method. A PPO critic shares the actor's process and allocator
+(verl fuses the roles of a GPU into one worker: memory/releases.py), so its phases inherit the actor's cached blocks
+and the actor's update inherits theirs.
 
 The replay of recorded allocation sequences (verify/allocator_sim.py, benchmarks/allocator_replay.py) runs the
 allocator's rules allocation by allocation over the engine's own steps; docs/validation.md ("Device
@@ -65,10 +67,13 @@ ROUND_LARGE_BYTES = 2 << 20  # kRoundLarge: larger requests get their own segmen
 
 # one GRPO / PPO step in program order (cyclic: the next step's weight sync follows the update)
 STEP_ORDER: tuple[str, ...] = ("weight_sync", "rollout", "log_prob", "values", "critic_update", "update")
-# the phases after which each release policy empties the cache (module docstring)
+# the phases after which each release policy empties the cache (module docstring); the critic's phases are released
+# by the executor's workers only (memory/releases.py): verl's compute_values never ended with empty_cache()
+ACTOR_PHASES = frozenset({"weight_sync", "rollout", "log_prob", "update"})
 RELEASED_AFTER: dict[str, frozenset[str]] = {
     "verl": frozenset({"update", "weight_sync", "rollout"}),
-    "each_phase": frozenset(STEP_ORDER),
+    "before_sync_after_rollout": frozenset({"update", "rollout"}),
+    "each_phase": ACTOR_PHASES,
     "after_rollout": frozenset({"rollout"}),
     "never": frozenset(),
 }
@@ -84,18 +89,12 @@ def segment_bytes(nbytes: int) -> int:
     return -(-size // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
 
 
-# A PPO critic runs in its own worker process (verl's critic worker group; grpo-run has none), with its own
-# caching allocator: its phases leave nothing in the actor's cache, nor the actor's phases in its cache.
-CRITIC_PHASES = frozenset({"values", "critic_update"})
-
-
 def since_last_release(
     phase: str, present: tuple[str, ...], release_cache: ReleasePolicy, also_released: frozenset[str] = frozenset()
 ) -> tuple[str, ...]:
-    """The phases (of `present`, in step order, of `phase`'s process) that ran after the last cache release
-    before `phase`; `also_released`: phases after which the executor empties the cache beside the policy."""
-    critic = phase in CRITIC_PHASES
-    order = [p for p in STEP_ORDER if p in present and (p in CRITIC_PHASES) == critic]
+    """The phases (of `present`, in step order) that ran after the last cache release before `phase`;
+    `also_released`: phases after which the executor empties the cache beside the policy."""
+    order = [p for p in STEP_ORDER if p in present]
     if phase not in order:
         return ()
     released = RELEASED_AFTER[release_cache] | also_released
