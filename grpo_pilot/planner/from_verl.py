@@ -466,6 +466,7 @@ def _batch_settings(v: _Values, world: int, megatron_divisor: int | None = None)
         lp_budget=tuple(optional(p + "log_prob_max_token_len_per_gpu") for p in lp.values()),
         lp_micro_per_gpu=tuple(optional(p + "log_prob_micro_batch_size_per_gpu") for p in lp.values()),
         lp_micro_global=tuple(optional(p + "log_prob_micro_batch_size") for p in lp.values()),
+        agents=optional(ARR + "rollout.n_agent") or 1,  # Search-R1's group size (verl_batches.py)
     )
 
 

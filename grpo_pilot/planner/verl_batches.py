@@ -10,6 +10,11 @@
   (verl/workers/fsdp_workers.py since f2a76acd9, #136) and, before that commit, also multiplied by
   rollout.n (fsdp_workers.py@f2a76acd9^ lines 121-133; Unakar/Logic-RL@fb31708 lines 97-109). A micro-batch
   above what one GPU holds is one chunk of it (`split` again: dp_actor.py@fb31708 lines 186 and 229).
+- Agent repeats: the Search-R1 fork's `rollout.n_agent` (PeterGriffinJin/Search-R1@ba78b68
+  verl/trainer/ppo/ray_trainer.py line 702: `batch.repeat(repeat_times=rollout.n_agent)` before its multi-turn
+  generation) is the group size of its GRPO; its workers scale the mini- and micro-batches by `rollout.n` only
+  (verl/workers/fsdp_workers.py lines 97-109 there), so the batch holds prompts x n_agent x n sequences while a
+  mini-batch stays `ppo_mini_batch_size` x n sequences (more optimizer steps per step, same micro-batches).
 - Log-prob passes: the old-policy pass (rollout.*) and the reference pass (ref.*) share one knob: the larger
   micro-batch / budget of the two (it sets the memory peak); their dynamic flags and budgets inherit the
   actor's (reference/verl-config.md).
@@ -43,6 +48,7 @@ class BatchSettings(NamedTuple):
     lp_budget: tuple[int | None, int | None]
     lp_micro_per_gpu: tuple[int | None, int | None]
     lp_micro_global: tuple[int | None, int | None]
+    agents: int = 1  # Search-R1's rollout.n_agent (module docstring); 1 everywhere else
 
 
 class Batches(NamedTuple):
@@ -106,13 +112,29 @@ def _per_gpu(
     return divided
 
 
+def _agent_group(s: BatchSettings, notes: list[str]) -> int:
+    """The group size under Search-R1's n_agent (module docstring). The mini-batch stays as written (prompts):
+    the fork's `ppo_mini_batch_size` x n sequences is not a whole number of n_agent groups in general, and its
+    count only sets how many optimizer steps a step takes (memory follows the micro-batches)."""
+    if s.agents == 1:
+        return s.n
+    group = s.n * s.agents
+    notes.append(
+        f"rollout.n_agent={s.agents} (Search-R1): each prompt is repeated {s.agents} times before generation, so "
+        f"{s.prompts_per_step} prompts x {group} responses per step; the fork's mini-batch is "
+        f"{s.mini_batch_prompts * s.n} sequences (ppo_mini_batch_size x rollout.n), planned as "
+        f"{s.mini_batch_prompts} prompts x {group} (fewer optimizer steps, the same micro-batches)"
+    )
+    return group
+
+
 def micro_batches(s: BatchSettings, win: VerlWindow, notes: list[str]) -> Batches:
     """The launch's batches in the planner's terms, as its verl computes them (module docstring)."""
     dp = max(1, s.world // s.sp)
     times_n = win.side(_TIMES_N)
     mini = _mini(s, win, notes)
     per_gpu_mini = max(1, mini * s.n // dp)
-    per_gpu_batch = max(1, s.prompts_per_step * s.n // dp)
+    per_gpu_batch = max(1, s.prompts_per_step * s.n * s.agents // dp)
     micro = _per_gpu(
         s,
         ARR + "actor.ppo_micro_batch_size",
@@ -142,11 +164,12 @@ def micro_batches(s: BatchSettings, win: VerlWindow, notes: list[str]) -> Batche
             micro = per_gpu_mini
     lp_dynamic = [s.dynamic if d is None else d for d in s.lp_dynamic]
     lp_budgets = [b or s.budget for b in s.lp_budget]
+    group = _agent_group(s, notes)
     if any(lp_dynamic):
         return Batches(
             s.prompts_per_step,
             mini,
-            s.n,
+            group,
             s.sp,
             s.dynamic,
             s.budget,
@@ -177,4 +200,4 @@ def micro_batches(s: BatchSettings, win: VerlWindow, notes: list[str]) -> Batche
             f"sequences): one micro-batch of {per_gpu_batch}"
         )
         lp_micro = per_gpu_batch
-    return Batches(s.prompts_per_step, mini, s.n, s.sp, s.dynamic, s.budget, micro, s.budget, lp_micro)
+    return Batches(s.prompts_per_step, mini, group, s.sp, s.dynamic, s.budget, micro, s.budget, lp_micro)

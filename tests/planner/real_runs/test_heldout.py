@@ -8,7 +8,11 @@ not fit, gives the boundary: the largest mean response that fits (planner/verdic
   "does not fit", since nothing says its responses were long;
 - a launch that ran out of memory never reads as a plain "fits";
 - a published step time lies below the plan's time at the maximum lengths (the bound a plan with unknown
-  lengths states: its time model follows the tokens, and the maxima bound them).
+  lengths states: its time model follows the tokens, and the maxima bound them);
+- an OOM and the run it is contrasted with (`outcome.contrast`, here or in cases_families.json): the OOM reads
+  worse (test_families.py `_badness`).
+`KNOWN_MISSES` are the cases the model does not get right, each with what is known of the mechanism
+(HELDOUT.md); they are strict xfails: a change that fixes one must move it out of the list.
 """
 
 from __future__ import annotations
@@ -21,20 +25,35 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import HERE, evaluate, load_cases  # noqa: E402
+from test_families import _badness  # noqa: E402
 
 CASES = load_cases(HERE / "cases_heldout.json")
+# a contrast may name a case of cases_families.json (the same launch at another verl commit)
+BY_ID = {**{c["id"]: c for c in load_cases(HERE / "cases_families.json")}, **{c["id"]: c for c in CASES}}
+KNOWN_MISSES: dict[str, str] = {
+    "verl-tuning-qwen2.5-32b-grpo-megatron-9f4161e-8xH20": (
+        "OOM in the Megatron update (verl issue #3124) read as a fit, 87.1 of 95.6 GiB binding the reloaded "
+        "optimizer states; the same script at cc8fca5 is the docs' MIN row (86.1 GiB, ran): the term that differs "
+        "between the two verl commits is not identified (HELDOUT.md, branch probeverl)"
+    ),
+}
 
 
 @lru_cache(maxsize=None)
 def answer(case_id: str) -> dict:
-    return evaluate(next(c for c in CASES if c["id"] == case_id))
+    return evaluate(BY_ID[case_id])
 
 
 def _kind(plan: dict) -> str:
     return (plan.get("verdict") or {}).get("kind") or ("fits" if plan["fits"] else "does_not_fit")
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def _judged(case: dict):
+    marks = [pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[case["id"]])] if case["id"] in KNOWN_MISSES else []
+    return pytest.param(case, id=case["id"], marks=marks)
+
+
+@pytest.mark.parametrize("case", [_judged(c) for c in CASES])
 def test_heldout_verdict(case: dict) -> None:
     result = answer(case["id"])
     assert result["exit_code"] != 2, f"{case['id']} refused: {result['error']}"
@@ -53,3 +72,15 @@ def test_published_step_time_is_below_the_maximum_length_bound(case: dict) -> No
     plan = answer(case["id"])["plan"]
     assert plan["memory_quantile"] is None  # lengths unknown: judged at the maxima
     assert case["outcome"]["step_s"] < plan["predicted_step_s"], (case["id"], plan["predicted_step_s"])
+
+
+PAIRS = [
+    (c["id"], c["outcome"]["contrast"])
+    for c in CASES
+    if c["outcome"]["status"] == "oom" and c["outcome"].get("contrast")
+]
+
+
+@pytest.mark.parametrize("oom, ran", PAIRS, ids=[p[0] for p in PAIRS])
+def test_an_oom_reads_worse_than_the_run_it_is_contrasted_with(oom: str, ran: str) -> None:
+    assert _badness(answer(oom)["plan"]) > _badness(answer(ran)["plan"]), (oom, ran)
