@@ -6,9 +6,15 @@ batch `per_device_train_batch_size × processes × steps_per_generation` (steps_
 gradient_accumulation_steps; `generation_batch_size`, when given, is that product), so with n = num_generations:
   mini_batch_prompts = B · P · GA / n,  prompts_per_step = B · P · steps_per_generation / n.
 Rollout: `use_vllm` with `vllm_mode: colocate` shares the training GPUs (vllm_gpu_memory_utilization,
-vllm_tensor_parallel_size); `vllm_mode: server` (and the older `vllm_device`) runs vLLM on the GPUs the
-training processes leave free (`num_processes`, an accelerate setting recipe files such as open-r1's
-carry); without vLLM TRL generates with the policy (HF generate). `beta > 0` loads the reference model.
+vllm_tensor_parallel_size); `vllm_mode: server` runs vLLM on the GPUs the training processes leave free
+(`num_processes`, an accelerate setting recipe files such as open-r1's carry); without vLLM TRL generates with
+the policy (HF generate). `beta > 0` loads the reference model.
+The older `vllm_device` (TRL <= 0.15, removed in 0.16.0 with server mode) puts one vLLM engine inside the main
+training process on one device (trl v0.15.0 grpo_trainer.py lines 374-391): `auto` is cuda:0 when a single GPU
+is visible ("share it") and otherwise the first GPU after the training processes, `cuda:{num_processes}`; a
+device index of a training process shares that GPU with training, one past the visible GPUs is TRL's error.
+A shared device is planned as colocated (vLLM beside the trainer, never released), a free one as the split layout;
+its `vllm_gpu_memory_utilization` defaulted to 0.9 (v0.15.0 grpo_config.py lines 180-181).
 Parameters are sharded like FSDP full sharding (the planner's TRL model, `ExecutorTraits`): a run under
 DeepSpeed ZeRO-2 or DDP replicates parameters and needs more memory than planned — said in the notes.
 
@@ -151,11 +157,18 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
         if zero_stage == 3 and gather:
             knobs["hf_generation_weights"] = "model"  # GatheredParameters around generate (TRL's default)
     elif mode == "colocate":
+        # TRL <= 0.15's in-process engine defaulted to 0.9 of its device (module docstring); colocate mode to 0.3
+        util = cfg.get("vllm_gpu_memory_utilization", 0.9 if cfg.get("vllm_device") else None)
         knobs.update(
             rollout_backend="vllm",
             placement="colocated",
             rollout_tp=_int(get("vllm_tensor_parallel_size"), "vllm_tensor_parallel_size"),
-            gpu_memory_utilization=_number(get("vllm_gpu_memory_utilization"), "vllm_gpu_memory_utilization", 0, 1),
+            gpu_memory_utilization=_number(
+                TRL_DEFAULTS["vllm_gpu_memory_utilization"] if util is None else util,
+                "vllm_gpu_memory_utilization",
+                0,
+                1,
+            ),
         )
     else:
         knobs.update(_server_knobs(cfg, total_gpus, processes, num_nodes))
@@ -228,15 +241,20 @@ def _batches(cfg: Mapping[str, Any], get: Any, total_gpus: int, notes: list[str]
     if n < 2:
         raise InputError("num_generations: 1 — GRPO needs at least 2 completions per prompt (TRL refuses).", "")
     use_vllm = _flag(get("use_vllm"), "use_vllm")
-    mode = cfg.get("vllm_mode") or ("server" if cfg.get("vllm_device") else TRL_DEFAULTS["vllm_mode"])
+    legacy = cfg.get("vllm_mode") is None and cfg.get("vllm_device") is not None
+    mode = cfg.get("vllm_mode") or TRL_DEFAULTS["vllm_mode"]
     if mode not in ("server", "colocate"):
         raise InputError(f"vllm_mode: {show(mode)} is neither server nor colocate.", "Fix the config.")
     processes = cfg.get("num_processes")
-    if processes is None:
-        processes = total_gpus - 1 if (use_vllm and mode == "server") else total_gpus
+    if processes is None:  # the recipe's launcher leaves one GPU to vLLM (TRL <= 0.15 on one GPU: shares it)
+        processes = (
+            total_gpus - 1 if (use_vllm and mode == "server" and not (legacy and total_gpus == 1)) else total_gpus
+        )
     processes = _int(processes, "num_processes")
     if processes > total_gpus:
         raise InputError(f"num_processes={processes} exceeds the {total_gpus} GPUs of --gpus.", "Check --gpus.")
+    if use_vllm and legacy:
+        mode = _legacy_vllm_device(cfg["vllm_device"], total_gpus, processes, notes)
     if cfg.get("generation_batch_size") is not None and cfg.get("steps_per_generation") is not None:
         raise InputError(
             "generation_batch_size and steps_per_generation are both set (TRL refuses: one sets the other).",
@@ -277,6 +295,32 @@ def _batches(cfg: Mapping[str, Any], get: Any, total_gpus: int, notes: list[str]
         "prompts_per_step": generation // n,
         "mini_batch_prompts": min(mini, generation // n),
     }
+
+
+def _legacy_vllm_device(device: Any, total_gpus: int, processes: int, notes: list[str]) -> str:
+    """Where TRL <= 0.15 puts its in-process vLLM engine (module docstring): "colocate" when the device is a
+    training process's GPU, "server" (the split layout) when it is a free one; TRL's own error past the GPUs."""
+    text = str(device).strip().lower()
+    if text == "auto":
+        index = 0 if total_gpus == 1 else processes
+    else:
+        kind, _, number = text.partition(":")
+        if kind != "cuda" or not number.isdigit():
+            raise InputError(f"vllm_device: {show(device)} is neither 'auto' nor 'cuda:N'.", "Fix the config.")
+        index = int(number)
+    if index >= total_gpus:
+        raise InputError(
+            f"vllm_device resolves to cuda:{index}, which --gpus ({total_gpus} GPUs) does not have: TRL refuses "
+            "('The requested device for vllm ... is not available').",
+            f"Set num_processes to {total_gpus - 1} (one GPU left to vLLM), or check --gpus.",
+        )
+    if index < processes:
+        notes.append(
+            f"vllm_device cuda:{index} is also a training GPU: TRL (<= 0.15) runs its vLLM engine there beside "
+            "training, planned as colocated (only that GPU generates; the plan's rollout time assumes every GPU does)"
+        )
+        return "colocate"
+    return "server"
 
 
 def _trl_knobs(cfg: Mapping[str, Any], get: Any, micro: int, notes: list[str]) -> dict[str, Any]:

@@ -177,14 +177,24 @@ def micro_batch_tokens(
     packed ("remove"): the quantile of the sum of count lengths; rows padded to the longest of their
     micro-batch after sorting the rank's `pool` sequences by length, longest first ("sorted_rows", our
     engine's micro_batches.py): the first micro-batch holds the pool's longest rows, count × the quantile
-    of the longest of `pool` rows; rows padded to the longest of a generation batch of hundreds
-    ("batch_max", TRL): count × the maximum. `population`: see `sum_quantile_tokens` (packed only)."""
+    of the longest of `pool` rows; rows padded to the longest of the rank's generation batch ("batch_max", TRL:
+    `pool` is that batch): count × (the longest prompt + the longest completion of `pool` rows, each at its
+    quantile). `population`: see `sum_quantile_tokens` (packed only)."""
     if padding == "remove":
         return sum_quantile_tokens(
             count=count, mean=lengths.seq_mean, std=lengths.seq_std, max_len=lengths.seq_max, z=z, population=population
         )
     if padding == "batch_max":
-        return count * lengths.seq_max
+        # TRL left-pads prompts to the longest prompt and right-pads completions to the longest completion of the
+        # rank's generation batch, then splits it into micro-batches that keep that width (trl 1.16
+        # grpo_trainer.py `_generate_and_score_completions`: `pad(completion_ids, ..., padding_side="right")`
+        # lines 2454-2461; `_prepare_inputs`: `split_tensor_dict(generation_batch, steps_per_generation)` line
+        # 1544; trl v0.15.0 padded each micro-step's own generation, grpo_trainer.py line 556). A batch of
+        # hundreds reaches the maxima; a small one (steps_per_generation 1, TRL <= 0.16) pads to its own longest.
+        longest = longest_of_z(max(count, pool or count), z)
+        prompt = one_quantile_tokens(lengths.prompt_mean, lengths.prompt_std, lengths.prompt_max, longest)
+        response = one_quantile_tokens(lengths.response_mean, lengths.response_std, lengths.response_max, longest)
+        return count * (prompt + response)
     rows = max(count, pool or count)
     return count * one_quantile_tokens(lengths.seq_mean, lengths.seq_std, lengths.seq_max, longest_of_z(rows, z))
 

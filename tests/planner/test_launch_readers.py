@@ -241,3 +241,22 @@ def test_trl_launches_run_the_default_allocator_and_never_empty_the_cache() -> N
     to None ("cache will not be emptied"): a TRL plan charges the default allocator's reserve."""
     knobs = trl_launch({"model_name_or_path": "m"}, 2).knobs
     assert (knobs["allocator"], knobs["release_cache"]) == ("default", "never")
+
+
+def test_trl_legacy_vllm_device_shares_a_training_gpu_or_takes_the_next() -> None:
+    """TRL <= 0.15 `vllm_device` (trl v0.15.0 grpo_trainer.py lines 374-391): `auto` on one GPU shares it (planned
+    colocated, 0.9 of the device by that release's default); with more GPUs it takes cuda:{num_processes} (split);
+    an index of a training process shares that GPU; one past the GPUs is TRL's error."""
+    cfg = "model_name_or_path: m\nuse_vllm: true\nvllm_device: auto\nper_device_train_batch_size: 8\n"
+    one = read_trl(cfg, 1)
+    assert one.knobs["placement"] == "colocated" and one.knobs["gpu_memory_utilization"] == 0.9
+    assert one.workload["prompts_per_step"] == 1  # one training process
+    assert read_trl(cfg + "vllm_gpu_memory_utilization: 0.3\n", 1).knobs["gpu_memory_utilization"] == 0.3
+    two = read_trl(cfg + "num_processes: 1\n", 2)
+    assert two.knobs["placement"] == "split" and two.knobs["split_rollout_gpus_per_node"] == 1
+    shared = read_trl(cfg.replace("auto", "cuda:1") + "num_processes: 2\n", 2)
+    assert shared.knobs["placement"] == "colocated" and any("also a training GPU" in n for n in shared.notes)
+    with pytest.raises(InputError, match="cuda:2"):
+        read_trl(cfg + "num_processes: 2\n", 2)
+    with pytest.raises(InputError, match="neither 'auto' nor"):
+        read_trl(cfg.replace("auto", "gpu0"), 2)

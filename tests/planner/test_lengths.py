@@ -72,9 +72,19 @@ def test_longest_of_many_rows_sits_higher() -> None:
     lens = lengths_of(GSM8K.model_copy(update={"prompt_len_std_tokens": 20.0, "response_len_std_tokens": 80.0}))
     packed = micro_batch_tokens(8, lens, padding="remove")
     sorted_rows = micro_batch_tokens(8, lens, padding="sorted_rows", pool=256)
-    assert (
-        8 * lens.seq_mean < packed < sorted_rows < micro_batch_tokens(8, lens, padding="batch_max") == 8 * lens.seq_max
+    assert 8 * lens.seq_mean < packed < sorted_rows
+    # TRL pads every row to the longest prompt + the longest completion of the rank's generation batch (`pool`):
+    # each at the quantile of the longest of the pool, so at least the sorted rows' width, at most the maxima
+    padded = micro_batch_tokens(8, lens, padding="batch_max", pool=256)
+    longest = longest_of_z(256)
+    width = one_quantile_tokens(lens.prompt_mean, lens.prompt_std, lens.prompt_max, longest) + one_quantile_tokens(
+        lens.response_mean, lens.response_std, lens.response_max, longest
     )
+    assert sorted_rows <= padded == 8 * width < 8 * lens.seq_max
+    # a generation batch of its own 8 rows (TRL <= 0.16 generated per micro-step) pads less than one of 256
+    assert micro_batch_tokens(8, lens, padding="batch_max", pool=8) < padded
+    at_maxima = lens._replace(prompt_mean=float(lens.prompt_max), response_mean=float(lens.response_max))
+    assert micro_batch_tokens(8, at_maxima, padding="batch_max", pool=256) == 8 * lens.seq_max
 
 
 def test_real_lengths_shrink_the_memory_peak(spec_of) -> None:

@@ -175,9 +175,9 @@ def micro_batch_tokens_per_rank(
 
     def fixed(seqs: int, available_seqs: int) -> int:
         count = min(seqs, available_seqs)
-        tokens = micro_batch_tokens(
-            count, lengths, padding=executor.padding, pool=available_seqs, population=population
-        )
+        # TRL pads a micro-batch to the longest of the rank's whole generation batch (lengths.micro_batch_tokens)
+        pool = step_seqs if executor.padding == "batch_max" else available_seqs
+        tokens = micro_batch_tokens(count, lengths, padding=executor.padding, pool=pool, population=population)
         return fixed_tokens_per_rank(tokens, sp)
 
     if knobs.max_token_len_per_gpu is not None:

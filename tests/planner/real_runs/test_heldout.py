@@ -36,6 +36,14 @@ KNOWN_MISSES: dict[str, str] = {
         "optimizer states; the same script at cc8fca5 is the docs' MIN row (86.1 GiB, ran): the term that differs "
         "between the two verl commits is not identified (HELDOUT.md, branch probeverl)"
     ),
+    "trl-issue2864-qwen2.5-3b-qlora-vllm-second-gpu-2x32G": (
+        "OOM on the vLLM GPU 'when loading weights' (TRL 0.16.0.dev0 in-process engine, QLoRA): the published "
+        "settings put 0.8 of the 32 GB on vLLM and nothing else there; the mechanism is not established (HELDOUT.md)"
+    ),
+    "trl-issue2972-qwen2.5-7b-no-vllm-no-launcher-config-4xH20": (
+        "no accelerate / DeepSpeed config published: a plain launch is DDP, which replicates the policy's states "
+        "(7.6 B x 16 B = 122 GB per GPU); --from-trl plans full sharding when the YAML names no launcher (HELDOUT.md)"
+    ),
 }
 
 
