@@ -191,12 +191,18 @@ def micro_batch_tokens(
         # lines 2454-2461; `_prepare_inputs`: `split_tensor_dict(generation_batch, steps_per_generation)` line
         # 1544; trl v0.15.0 padded each micro-step's own generation, grpo_trainer.py line 556). A batch of
         # hundreds reaches the maxima; a small one (steps_per_generation 1, TRL <= 0.16) pads to its own longest.
-        longest = longest_of_z(max(count, pool or count), z)
-        prompt = one_quantile_tokens(lengths.prompt_mean, lengths.prompt_std, lengths.prompt_max, longest)
-        response = one_quantile_tokens(lengths.response_mean, lengths.response_std, lengths.response_max, longest)
-        return count * (prompt + response)
+        return count * batch_max_width_tokens(lengths, max(count, pool or count), z)
     rows = max(count, pool or count)
     return count * one_quantile_tokens(lengths.seq_mean, lengths.seq_std, lengths.seq_max, longest_of_z(rows, z))
+
+
+def batch_max_width_tokens(lengths: Lengths, rows: int, z: float = MEMORY_QUANTILE_Z) -> int:
+    """The width TRL pads every row of a generation batch of `rows` rows to (`micro_batch_tokens`, "batch_max"):
+    its longest prompt plus its longest completion, each at the quantile z of the longest of `rows` (z = 0: the
+    median longest, what a step costs in time)."""
+    longest = longest_of_z(rows, z)
+    prompt = one_quantile_tokens(lengths.prompt_mean, lengths.prompt_std, lengths.prompt_max, longest)
+    return prompt + one_quantile_tokens(lengths.response_mean, lengths.response_std, lengths.response_max, longest)
 
 
 def response_share(lengths: Lengths, z: float = MEMORY_QUANTILE_Z) -> float:
@@ -206,8 +212,9 @@ def response_share(lengths: Lengths, z: float = MEMORY_QUANTILE_Z) -> float:
     return min(1.0, response / seq)
 
 
-def tokens_per_sequence_for_time(lengths: Lengths, padding: str) -> float:
+def tokens_per_sequence_for_time(lengths: Lengths, padding: str, batch_rows: int = 1) -> float:
     """Tokens one sequence costs in a forward/backward pass: its real length, except under TRL's
-    batch-max padding, where every row is as long as the longest of its generation batch (the
-    maximum is taken: long generation batches reach it)."""
-    return float(lengths.seq_max) if padding == "batch_max" else lengths.seq_mean
+    batch-max padding, where every row is as wide as the median longest prompt plus the median longest
+    completion of its rank's generation batch of `batch_rows` rows (`batch_max_width_tokens` at z = 0; the
+    maxima where the lengths are unknown)."""
+    return float(batch_max_width_tokens(lengths, batch_rows, 0.0)) if padding == "batch_max" else lengths.seq_mean

@@ -12,6 +12,7 @@ from grpo_pilot.hardware.gpus import GPUSpec
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.lengths import Lengths, lengths_of, tokens_per_sequence_for_time
 from grpo_pilot.planner.memory.precision import Precision, precision_for
+from grpo_pilot.planner.memory.tokens import sequences_per_sp_group
 from grpo_pilot.planner.roofline import collective_bytes_per_s, host_link_bytes_per_s, param_counts, pools
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS, TimeCoefficients
 from grpo_pilot.planner.traits import ExecutorTraits
@@ -108,6 +109,8 @@ def train_side(
     lengths = lengths_of(workload)
     padding = executor.padding
     shards = knobs.shard_degree(train_gpus)
+    # TRL's rows are as wide as the longest of the rank's generation batch (memory/context.py, the same pool)
+    batch_rows = sequences_per_sp_group(workload.prompts_per_step * workload.n, train_gpus, knobs.ulysses_sp)
 
     def bandwidth(ranks: int) -> float:
         spans = cluster.num_nodes > 1 and ranks > cluster.gpus_per_node
@@ -119,8 +122,8 @@ def train_side(
         lengths=lengths,
         train_gpus=train_gpus,
         sp=knobs.ulysses_sp,
-        seq=tokens_per_sequence_for_time(lengths, padding),
-        attention_context=attention_seq(lengths, padding) / 2,
+        seq=tokens_per_sequence_for_time(lengths, padding, batch_rows),
+        attention_context=attention_seq(lengths, padding, batch_rows) / 2,
         dp=max(1, train_gpus // knobs.ulysses_sp),
         bw=bandwidth(shards),
         shards=shards,
@@ -134,10 +137,10 @@ def train_side(
     )
 
 
-def attention_seq(lengths: Lengths, padding: str) -> float:
+def attention_seq(lengths: Lengths, padding: str, batch_rows: int = 1) -> float:
     """Sequence length whose causal attention cost per token matches the batch's: Σ L² / Σ L = E[L²] / E[L]
-    over real lengths (padded rows: the padded length)."""
+    over real lengths (padded rows: the padded width, `tokens_per_sequence_for_time`)."""
     if padding == "batch_max":
-        return float(lengths.seq_max)
+        return tokens_per_sequence_for_time(lengths, padding, batch_rows)
     second = lengths.seq_mean**2 + lengths.seq_std**2
     return min(float(lengths.seq_max), second / max(lengths.seq_mean, 1.0))

@@ -16,6 +16,7 @@ from grpo_pilot.planner.estimate import estimate_memory
 from grpo_pilot.planner.lengths import (
     MEMORY_QUANTILE,
     MEMORY_QUANTILE_Z,
+    batch_max_width_tokens,
     lengths_of,
     longest_of_z,
     micro_batch_tokens,
@@ -23,9 +24,12 @@ from grpo_pilot.planner.lengths import (
     response_share,
     std_bound,
     sum_quantile_tokens,
+    tokens_per_sequence_for_time,
 )
 from grpo_pilot.planner.lengths_file import read_lengths_jsonl, stats_of, workload_fields
 from grpo_pilot.planner.suggest import capped_response
+from grpo_pilot.planner.timing import estimate_time
+from grpo_pilot.profiles.catalog import resolve_model
 
 # verl's reference GRPO log (eric-haibin-lin/verl-data gsm8k/qwen2-7b-fsdp2.log): caps 512 / 1024,
 # prompt_length/mean ≈ 94, response_length/mean ≈ 198.
@@ -163,3 +167,26 @@ def test_balanced_partitions_shrink_the_spread_of_a_share() -> None:
     assert 40 * 300 < balanced < free
     assert (balanced - 12000) == pytest.approx((free - 12000) * math.sqrt(120 / 159), abs=1)
     assert sum_quantile_tokens(count=160, mean=300.0, std=100.0, max_len=1536, population=160) == 160 * 300
+
+
+def test_trl_rows_cost_the_generation_batchs_median_longest_width_in_time() -> None:
+    """TRL pads every row to the longest prompt + longest completion of the rank's generation batch: a step's
+    training time follows that width (the median longest of the batch's rows), not the configured maxima."""
+    short = Workload(
+        prompts_per_step=64, mini_batch_prompts=64, n=8, prompt_len_tokens=1024, response_len_tokens=4096,
+        prompt_len_mean_tokens=150.0, prompt_len_std_tokens=40.0,
+        response_len_mean_tokens=600.0, response_len_std_tokens=200.0,
+    )  # fmt: skip
+    lengths = lengths_of(short)
+    rows = 64 * 8 // 8  # the rank's generation batch on 8 GPUs
+    width = tokens_per_sequence_for_time(lengths, "batch_max", rows)
+    assert width == batch_max_width_tokens(lengths, rows, 0.0)
+    assert 150 + 600 < width < 1024 + 4096  # wider than a mean row, far from the maxima
+    assert tokens_per_sequence_for_time(lengths, "batch_max", 1) < width  # a larger batch holds a longer row
+    spec, cluster = resolve_model("qwen2.5-1.5b").spec, parse_cluster("8xH100")
+    at_max = short.model_copy(update={"prompt_len_mean_tokens": None, "prompt_len_std_tokens": None,
+                                      "response_len_mean_tokens": None, "response_len_std_tokens": None})  # fmt: skip
+    knobs = Knobs(micro_batch_size_per_gpu=8)
+    fast = estimate_time(spec, cluster, short, knobs, target="trl").phases_s["update"]
+    slow = estimate_time(spec, cluster, at_max, knobs, target="trl").phases_s["update"]
+    assert fast < 0.5 * slow
