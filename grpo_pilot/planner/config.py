@@ -23,6 +23,7 @@ Placement = Literal["colocated", "split"]
 RolloutBackendName = Literal["vllm", "sglang", "hf"]
 Algorithm = Literal["grpo", "ppo"]
 Strategy = Literal["fsdp", "megatron"]
+StateSharding = Literal["full", "zero2", "zero1", "ddp"]  # memory/zero.py
 Recompute = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 GenerationWeights = Literal["layer", "model"]
@@ -244,6 +245,13 @@ class Knobs(Frozen):
         "every training GPU). Smaller groups replicate (HSDP): states per GPU grow, gradients are also "
         "all-reduced across the replicas.",
     )
+    state_sharding: StateSharding = Field(
+        default="full",
+        description="Which model states are sharded over the training GPUs (TRL only; verl and our engine shard "
+        "everything): 'full' (FSDP full sharding / DeepSpeed ZeRO-3), 'zero2' (DeepSpeed ZeRO-2: gradients and "
+        "optimizer states partitioned, bf16 parameters replicated), 'zero1' (ZeRO-1: optimizer states only), "
+        "'ddp' (DistributedDataParallel: everything replicated). planner/memory/zero.py cites the code of each.",
+    )
     fused_logprob: bool = Field(
         default=False, description="Chunked/fused log-prob kernel: never materialises full-vocab logits."
     )
@@ -389,7 +397,9 @@ class Knobs(Frozen):
         return self.max_token_len_per_gpu is not None
 
     def shard_degree(self, trainer_gpus: int) -> int:
-        """GPUs the model states are sharded over: `fsdp_size`, capped by the training GPUs."""
+        """GPUs the optimizer states are partitioned over: `fsdp_size`, capped by the training GPUs (1 under DDP)."""
+        if self.state_sharding == "ddp":  # nothing is partitioned (memory/zero.py)
+            return 1
         return min(self.fsdp_size or trainer_gpus, trainer_gpus)
 
 

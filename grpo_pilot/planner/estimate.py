@@ -166,6 +166,8 @@ def resident(ctx: MemoryContext, phase: str, ref_pass: bool = False) -> dict[str
         "ref_params": ctx.ref_bytes if ref_on else 0,
         **family_resident(ctx, phase, params_on or (ctx.lora is not None and ref_pass and loads_back)),
         **resident_replica(ctx),  # our engine's colocated hf replica, never freed (memory/hf_rollout.py)
+        # TRL under DDP: the reducer's flat gradient buckets, allocated at the wrap and kept (memory/zero.py)
+        **({"ddp_grad_buckets": ctx.ddp_bucket_bytes} if ctx.ddp_bucket_bytes else {}),
     }
 
 
@@ -381,13 +383,15 @@ def update_memory(ctx: MemoryContext) -> dict[str, int]:
         head_grad=head_grad_bytes(E, H, c, unsharded=unsharded or frozen),
         root_grads=root_grads,
         root_reduce_scatter=root_rs,
+        # ZeRO-1/2: the IPG bucket the backward's gradients are copied into (memory/zero.py)
         layer_reduce_scatter=layer_reduce_scatter_bytes(
             lora_layer_grad_params(ctx), ctx.precision.grad_bytes, unsharded=unsharded
-        ),
+        )
+        + ctx.backward_buffer_bytes,
         all_to_all=all_to_all_buffer_bytes(
             tokens_per_rank=t, q_dim=m.q_dim, kv_dim=m.kv_dim, compute_bytes=c, ulysses_sp=k.ulysses_sp
         ),
-        optimizer_step=_optimizer_step_bytes(ctx),
+        optimizer_step=_optimizer_step_bytes(ctx) + ctx.step_grad_bytes,  # ZeRO's fp32 gradient partition
         weight_casts=ctx.policy_cast_bytes,
         head_weight_cast=head_weight_cast(m, c) if ctx.policy_cast_bytes and not _fp32_head(ctx) else 0,
         head_grad_in_flight=0

@@ -15,8 +15,12 @@ is visible ("share it") and otherwise the first GPU after the training processes
 device index of a training process shares that GPU with training, one past the visible GPUs is TRL's error.
 A shared device is planned as colocated (vLLM beside the trainer, never released), a free one as the split layout;
 its `vllm_gpu_memory_utilization` defaulted to 0.9 (v0.15.0 grpo_config.py lines 180-181).
-Parameters are sharded like FSDP full sharding (the planner's TRL model, `ExecutorTraits`): a run under
-DeepSpeed ZeRO-2 or DDP replicates parameters and needs more memory than planned — said in the notes.
+Model states follow the launcher (`Knobs.state_sharding`, memory/zero.py): `fsdp:` or DeepSpeed ZeRO-3 shard every
+state; `deepspeed:` ZeRO-1 / ZeRO-2 replicate the bf16 parameters and partition the optimizer states (and the
+gradients); a YAML naming neither is DDP on several processes — `accelerate launch` without --config_file — so a
+launch whose accelerate config comes on the command line (open-r1's `--config_file .../zero2.yaml`) needs
+`--override deepspeed=zero2` (said in the notes). A `deepspeed:` name or mapping whose stage is not told is
+planned as ZeRO-3.
 
 Axolotl (`rl: grpo`) maps `base_model`, `micro_batch_size`, `gradient_accumulation_steps`,
 `sequence_len` and its `trl:` section onto the same fields.
@@ -149,6 +153,12 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
     use_vllm, mode, processes, micro = batch["use_vllm"], batch["mode"], batch["processes"], batch["micro"]
     knobs = _trl_knobs(cfg, get, micro, notes)
     zero_stage, gather = _deepspeed(cfg, use_vllm, notes)
+    if zero_stage is not None:
+        knobs["state_sharding"] = STAGE_SHARDING[zero_stage]
+    elif not cfg.get("deepspeed"):
+        knobs["state_sharding"] = _no_launcher(cfg, processes, notes)
+    if knobs["state_sharding"] != "full" and adapter is not None:
+        notes.append("LoRA under ZeRO-1/2 or DDP: the adapters' states planned replicated (approximate)")
     dtype = cfg.get("torch_dtype", cfg.get("dtype"))
     if dtype is not None and not isinstance(dtype, str):
         raise InputError(f"torch_dtype: {show(dtype)} is not a dtype name.", "Fix the config.")
@@ -196,6 +206,26 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
     )
 
 
+# DeepSpeed ZeRO stage -> what the planner shards (memory/zero.py); stage 0 under bf16 is DeepSpeed's own
+# data-parallel wrapper (bf16 weights, an fp32 master copy: engine.py DDP_BFLOAT16), planned as DDP
+STAGE_SHARDING: dict[int, str] = {3: "full", 2: "zero2", 1: "zero1", 0: "ddp"}
+
+
+def _no_launcher(cfg: Mapping[str, Any], processes: int, notes: list[str]) -> str:
+    """A YAML without `deepspeed:` or `fsdp:`: `accelerate launch` without --config_file (or torchrun) wraps the
+    policy in DDP on several processes (accelerate's default distributed type MULTI_GPU); one process is not
+    wrapped. A launcher config given on the command line is not in the YAML: say so."""
+    if cfg.get("fsdp"):
+        return "full"
+    if processes > 1:
+        notes.append(
+            "no deepspeed: / fsdp: key: planned as DDP, what `accelerate launch` without --config_file runs (every "
+            "state replicated); a launch with --config_file zero2.yaml / zero3.yaml / fsdp.yaml needs "
+            "--override deepspeed=zero2 (or zero3, zero1) or --override fsdp=full_shard"
+        )
+    return "ddp"
+
+
 def _deepspeed(cfg: Mapping[str, Any], use_vllm: bool, notes: list[str]) -> tuple[int | None, bool]:
     """(ZeRO stage, ds3_gather_for_generation) from `deepspeed:` — a config mapping, or a name such as
     ms-swift's `zero3` or a file `ds_z3_config.json` (the file itself is not read: its path is the user's)."""
@@ -203,11 +233,6 @@ def _deepspeed(cfg: Mapping[str, Any], use_vllm: bool, notes: list[str]) -> tupl
     gather = cfg.get("ds3_gather_for_generation", True)
     gather = _flag(gather, "ds3_gather_for_generation")
     if not ds:
-        if not cfg.get("fsdp"):
-            notes.append(
-                "planned with FSDP full sharding (the planner's TRL model); DeepSpeed ZeRO-2 or DDP replicate "
-                "parameters and need more memory than this plan shows"
-            )
         return None, gather
     stage = None
     if isinstance(ds, Mapping):
@@ -218,11 +243,16 @@ def _deepspeed(cfg: Mapping[str, Any], use_vllm: bool, notes: list[str]) -> tupl
         name = ds.lower().replace("_", "").replace("-", "")
         stage = next((k for k in (3, 2, 1) if f"zero{k}" in name or f"z{k}" in name or f"stage{k}" in name), None)
     if stage is None:
-        notes.append(f"deepspeed: {show(ds)} — its ZeRO stage is not told by the name; planned as full sharding")
+        notes.append(
+            f"deepspeed: {show(ds)} — its ZeRO stage is not told by the name; planned as full sharding (ZeRO-3): "
+            "--override deepspeed=zero2 (or zero1) plans the replicated parameters of a lower stage"
+        )
     elif stage < 3:
         notes.append(
-            f"DeepSpeed ZeRO-{stage} replicates parameters on every GPU; planned with full sharding (the planner's "
-            "TRL model), so this plan shows less memory than the run needs"
+            f"DeepSpeed ZeRO-{stage} (bf16): parameters replicated in bf16 on every GPU, "
+            + ("gradients and " if stage == 2 else "")
+            + "the fp32 master copy and Adam moments partitioned, DeepSpeed's default 5e8-element reduce bucket "
+            "(a reduce_bucket_size the config sets is not read)"
         )
     if stage == 3 and not use_vllm and gather:
         notes.append(

@@ -50,6 +50,8 @@ def _executor_problems(target: str, workload: Workload, knobs: Knobs) -> list[st
         problems.append(f"{engine} does not train with the {knobs.strategy} backend")
     if knobs.rollout_backend not in ex.rollout_engines:
         problems.append(f"{engine} has no {knobs.rollout_backend} rollout")
+    if knobs.state_sharding != "full" and not ex.has_knob("state_sharding"):
+        problems.append(f"{engine} shards every model state (FSDP): no state_sharding={knobs.state_sharding}")
     defaults = Knobs()
     moved = sorted(
         name

@@ -128,7 +128,9 @@ def log_prob_time_s(
     c = ts.prec.compute_bytes
     logits = logits_traffic_bytes(spec.vocab_size, c, executor, training=False)
     compute_per_token = token_seconds(forward_cost(spec, ts.attention_context, c, logits), gpu, coef)
-    gather_s = ring_time_s(BF16_BYTES * param_counts(spec)[0], ts.shards, ts.bw)
+    # ZeRO-1/2 and DDP run the replicated module: nothing to gather (memory/zero.py)
+    gathers = knobs.state_sharding == "full"
+    gather_s = ring_time_s(BF16_BYTES * param_counts(spec)[0], ts.shards, ts.bw) if gathers else 0.0
     a2a_per_token = _ulysses_s(spec, tokens_per_rank=1, sp=sp, bw=ts.bw, passes=1)
     device = cluster.device
     streams = executor.offload_streams and device.offload_meaningful
@@ -218,11 +220,23 @@ def update_time_s(
     comm_s = ring_time_s(2 * BF16_BYTES * param_counts(spec)[0] + FP32_BYTES * trainable * ts.shards, ts.shards, ts.bw)
     # HSDP (fsdp_size < training GPUs): each backward also all-reduces the fp32 gradient shard across replicas
     comm_s += allreduce_s(FP32_BYTES * trainable, ts.replicas, ts.replica_bw, coef.allreduce_latency_s)
+    serial_micro_s, step_comm_s = 0.0, 0.0
+    if knobs.state_sharding != "full":
+        spans = cluster.num_nodes > 1 and ts.train_gpus > cluster.gpus_per_node
+        dp_bw = collective_bytes_per_s(gpu, spans, coef, gpus_per_node=cluster.gpus_per_node)
+        comm_s, serial_micro_s, step_comm_s = replicated_comm_s(
+            knobs.state_sharding,
+            trainable * ts.shards,
+            ranks=ts.train_gpus,
+            bw=dp_bw,
+            coef=coef,
+            grad_bytes=prec.grad_bytes,
+        )
     device = cluster.device
     p_off = knobs.param_offload and device.offload_meaningful
     o_off = knobs.optimizer_offload and device.offload_meaningful
     phase_s = 0.0  # once per update phase
-    optim_s = trainable * ADAM_BYTES_PER_PARAM / gpu.hbm_bytes_per_s
+    optim_s = trainable * ADAM_BYTES_PER_PARAM / gpu.hbm_bytes_per_s + step_comm_s
     if executor.offload_streams:
         if p_off:  # shard in for forward and backward, grads out, every micro-batch
             comm_s += (2 * prec.master_bytes * shard_params + prec.grad_bytes * trainable) / host
@@ -244,10 +258,33 @@ def update_time_s(
         serial_s_per_token=_ulysses_s(spec, tokens_per_rank=1, sp=sp, bw=ts.bw, passes=passes),
         # forward 1 + backward 2 (+ recomputed forward 1): the FLOP multipliers of `training_cost`
         dispatch_s_per_micro=train_dispatch_s(spec, passes + 1, coef)
+        + serial_micro_s
         + _family_micro_s(spec, knobs, ts, lora=lora, tokens=min(per_micro, seqs_per_rank_mini) * seq / sp, coef=coef),
     )
     per_epoch = num_minis * (micros_s + optim_s)
     return workload.ppo_epochs * per_epoch + phase_s
+
+
+def replicated_comm_s(
+    mode: str, trainable: float, *, ranks: int, bw: float, coef: TimeCoefficients, grad_bytes: int
+) -> tuple[float, float, float]:
+    """(overlapped per micro-batch, serial per micro-batch, per optimizer step) collective seconds of the update
+    under ZeRO-1/2 or DDP (memory/zero.py), over the `ranks` training GPUs:
+    - DDP: accelerate's `accumulate` skips the reducer outside the accumulation boundary (`no_sync`), so one
+      ring all-reduce of the gradients (the policy's dtype, `grad_bytes`) per optimizer step; the reducer overlaps
+      it with that micro-batch's backward, planned exposed (an upper bound);
+    - ZeRO-1: stage_1_and_2.py reduces only at the boundary: bf16 gradients reduced to their partition owners
+      (≈ a reduce-scatter) then the updated bf16 partitions all-gathered (`all_gather_dp_groups`), per step;
+    - ZeRO-2 (`partition_gradients`): every backward reduces its bf16 buckets in the gradient hooks, on the compute
+      stream (overlap_comm False by default for stages 1-2: zero/config.py `overlap_comm_valid`), so serially, and
+      the step all-gathers the bf16 parameters."""
+    bf16_bytes = BF16_BYTES * trainable
+    if mode == "ddp":
+        return 0.0, 0.0, allreduce_s(grad_bytes * trainable, ranks, bw, coef.allreduce_latency_s)
+    gather_s = ring_time_s(bf16_bytes, ranks, bw)
+    if mode == "zero1":
+        return 0.0, 0.0, ring_time_s(bf16_bytes, ranks, bw) + gather_s
+    return 0.0, ring_time_s(bf16_bytes, ranks, bw), gather_s
 
 
 def weight_sync_time_s(
@@ -284,7 +321,8 @@ def weight_sync_time_s(
     if knobs.placement == "split":
         cross = coef.nic_bytes_per_s(gpu.name) if cluster.num_nodes > 1 else gpu.link_bytes_per_s
         return weights / (cross * coef.link_efficiency) + load_s + offload_s
-    gather_s = ring_time_s(weights, train_gpus, link)
+    # ZeRO-1/2 and DDP: every rank holds the whole model, nothing is gathered (memory/zero.py)
+    gather_s = ring_time_s(weights, train_gpus, link) if knobs.state_sharding == "full" else 0.0
     return gather_s + load_s + offload_s
 
 

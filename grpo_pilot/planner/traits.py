@@ -47,7 +47,8 @@ the executor behaviour it stands for and the source where it was read:
   verl and TRL feed every completion's prompt.
 - missing_knobs: knobs the executor has no setting for, which the search must not move (they keep
   `Knobs()` defaults): our engine refuses Ulysses SP (engine/assemble.py) and shards over every rank (no
-  HSDP `fsdp_size`); TRL's GRPOConfig has no
+  HSDP `fsdp_size`); only TRL runs under DeepSpeed ZeRO-1/2 or DDP (`state_sharding`, memory/zero.py): verl's
+  and our engine's FSDP shard every state; TRL's GRPOConfig has no
   reference offload (the reference stays on the GPU), no Ulysses SP, no log-prob kernel switch (its head
   is always fused), no vLLM eager switch and no scheduler caps (trl 1.16 GRPOConfig fields).
   `remove_padding` (verl `model.use_remove_padding`) and the facts of older verl releases (`VERL_ERA_KNOBS`:
@@ -167,7 +168,9 @@ TRAITS: dict[str, ExecutorTraits] = {
         update_entropy_metric=True,
         ref_bytes=BF16_BYTES,
         logits_kernel="ours",
-        missing_knobs=frozenset({"ulysses_sp", "fsdp_size", "remove_padding"}) | VERL_ERA_KNOBS | FAMILY_KNOBS,
+        missing_knobs=frozenset({"ulysses_sp", "fsdp_size", "remove_padding", "state_sharding"})
+        | VERL_ERA_KNOBS
+        | FAMILY_KNOBS,
         shares_prompts=True,
         fused_adamw_on_cpu=True,
         hf_rollout_replica=True,
@@ -192,7 +195,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         strategies=frozenset({"fsdp", "megatron"}),
         rollout_engines=frozenset({"vllm", "sglang", "hf"}),
         lora_rollout="adapters",
-        missing_knobs=frozenset({"hf_decode"}),
+        missing_knobs=frozenset({"hf_decode", "state_sharding"}),
         forces_fsdp_ref_offload=True,
     ),
     "trl": ExecutorTraits(

@@ -176,7 +176,8 @@ def test_trl_batch_arithmetic_counts_completions() -> None:
     assert w["mini_batch_prompts"] == 16 * 7 * 4 // 16 == w["prompts_per_step"] and w["n"] == 16
     assert k["placement"] == "split" and k["split_rollout_gpus_per_node"] == 1
     assert w["use_kl_loss"] is False  # trl 1.16 default beta = 0
-    assert any("DeepSpeed" in n for n in launch.notes)
+    # no deepspeed: / fsdp: key: DDP, with a note naming the override for a launcher config on the command line
+    assert k["state_sharding"] == "ddp" and any("--override deepspeed=zero2" in n for n in launch.notes)
     colocated = trl_launch({"model_name_or_path": "m", "use_vllm": True, "vllm_mode": "colocate", "beta": 0.04}, 4)
     assert colocated.knobs["placement"] == "colocated" and colocated.workload["use_kl_loss"] is True
     assert trl_launch({"model_name_or_path": "m"}, 2).knobs["rollout_backend"] == "hf"

@@ -101,7 +101,8 @@ def test_deepspeed_stage_and_generation_gather_are_read() -> None:
     assert (ms_swift.zero_stage, ms_swift.gather_for_generation, ms_swift.model_dtype) == (3, True, "bfloat16")
     assert any("gathers the whole model" in n for n in ms_swift.notes)
     zero2 = trl_launch({"model_name_or_path": "m", "deepspeed": "recipes/accelerate_configs/ds_zero2.json"}, 2)
-    assert zero2.zero_stage == 2 and any("ZeRO-2 replicates" in n for n in zero2.notes)
+    assert zero2.zero_stage == 2 and zero2.knobs["state_sharding"] == "zero2"
+    assert any("ZeRO-2 (bf16): parameters replicated" in n for n in zero2.notes)
     no_gather = trl_launch(
         {
             "model_name_or_path": "m",

@@ -34,6 +34,7 @@ from grpo_pilot.planner.memory.rollout_engines import sglang_engine_budget, slee
 from grpo_pilot.planner.memory.shared_prompts import SharedLayout, micro_batch_layouts
 from grpo_pilot.planner.memory.tokens import budget_tokens_per_rank, fixed_tokens_per_rank, sequences_per_sp_group
 from grpo_pilot.planner.memory.vllm_budget import VllmBudget, VllmSettings, vllm_budget
+from grpo_pilot.planner.memory.zero import REPLICATED_MODES, ZERO_MODES, ReplicatedStates, replicated_states
 from grpo_pilot.planner.overheads import Overheads
 from grpo_pilot.planner.ref_offload import ref_offloaded
 from grpo_pilot.planner.traits import ExecutorTraits
@@ -85,6 +86,10 @@ class MemoryContext(NamedTuple):
     # our engine's hf rollout on a replica (planner/hf_decode_mode.py `hf_replica`, memory/hf_rollout.py)
     hf_replica_bytes: int = 0  # the replica's weights on its GPU (0: the rollout decodes the trainer's module)
     hf_rollout_gpus: int = 1  # GPUs the hf rollout generates on (`hf_decode_mode.hf_rollout_gpus`)
+    # TRL under DeepSpeed ZeRO-1/2 or DDP (memory/zero.py)
+    backward_buffer_bytes: int = 0  # ZeRO's IPG bucket during each backward
+    step_grad_bytes: int = 0  # ZeRO's fp32 gradient partition during the optimizer step
+    ddp_bucket_bytes: int = 0  # DDP's reducer buckets, resident in every phase
 
 
 def engine_start_resident_bytes(
@@ -307,7 +312,8 @@ def _sharding(cluster: Cluster, workload: Workload, knobs: Knobs, executor: Exec
     lay = layout_for(cluster.num_nodes, cluster.gpus_per_node, knobs.placement, knobs.split_rollout_gpus_per_node)
     # offload is meaningless on the cpu pseudo-device: host RAM is the device
     p_off = knobs.param_offload and device.offload_meaningful
-    sharded = policy_sharded(
+    # ZeRO-1/2 and DDP replicate the parameters: each rank runs the module in place (memory/zero.py)
+    sharded = knobs.state_sharding not in REPLICATED_MODES and policy_sharded(
         trainer_gpus=lay.trainer_gpus,
         device=device,
         executor=executor,
@@ -332,6 +338,7 @@ class _Held(NamedTuple):
     autocast: bool  # fp32 weights used in place under bf16 autocast (memory/autocast.py)
     update_tokens: int
     log_prob_tokens: int
+    replicated: ReplicatedStates | None  # ZeRO-1/2 or DDP (memory/zero.py)
 
 
 def _held(
@@ -356,7 +363,9 @@ def _held(
         tokens_of=tokens_of,
         offload_meaningful=device.offload_meaningful,
     )
-    autocast = not sh.sharded and prec.master_bytes != prec.compute_bytes
+    # DeepSpeed casts the module to bf16 (memory/zero.py): ZeRO-1/2 run without autocast
+    zero = knobs.state_sharding in ZERO_MODES and device.mixed_precision
+    autocast = not sh.sharded and prec.master_bytes != prec.compute_bytes and not zero
     casts = autocast_cast_params(model, lm_head=not (knobs.fused_logprob and executor.logits_kernel == "ours"))
     states = actor_states(
         model,
@@ -368,7 +377,33 @@ def _held(
         autocast=autocast,
         casts=casts,
     )
-    return _Held(fam, states, autocast, update_tokens, log_prob_tokens)
+    rep = _replicated(model, knobs, prec, sh, has_ref=workload.use_kl_loss) if fam.lora is None else None
+    if rep is not None:
+        states = states._replace(
+            master_bytes=rep.params_bytes, grad_bytes=rep.grad_bytes, adam_bytes=rep.adam_bytes, ref_bytes=rep.ref_bytes
+        )
+        if zero:  # bf16 weights: autocast has nothing to cast
+            states = states._replace(policy_cast_bytes=0, ref_cast_bytes=0)
+    return _Held(fam, states, autocast, update_tokens, log_prob_tokens, rep)
+
+
+def _replicated(
+    model: ModelSpec, knobs: Knobs, prec: Precision, sh: _Sharding, *, has_ref: bool
+) -> ReplicatedStates | None:
+    """The states under ZeRO-1/2 or DDP (memory/zero.py); None under full sharding (or a LoRA policy, whose
+    adapters' states are planned by memory/lora_plan.py over `shard_degree`)."""
+    if knobs.state_sharding not in REPLICATED_MODES:
+        return None
+    return replicated_states(
+        model.num_params,
+        mode=knobs.state_sharding,
+        ranks=sh.layout.trainer_gpus,
+        compute_bytes=prec.compute_bytes,
+        master_bytes=prec.master_bytes,
+        adam_bytes=prec.adam_bytes,
+        ref_bytes=prec.ref_bytes,
+        has_ref=has_ref,
+    )
 
 
 class _RolloutSide(NamedTuple):
@@ -433,7 +468,7 @@ def memory_context(
     sh = _sharding(cluster, workload, knobs, executor)
     prec, lay, lengths, sharded, shards, p_off = sh
     held = _held(model, workload, knobs, executor=executor, device=device, sh=sh)
-    fam, states, autocast, update_tokens, log_prob_tokens = held
+    fam, states, autocast, update_tokens, log_prob_tokens, rep = held
     c, has_ref = prec.compute_bytes, workload.use_kl_loss
     trainer_oh, rollout_oh, budget, leftovers = _rollout_side(
         model, cluster, knobs, executor=executor, overheads=overheads, sh=sh, held=held
@@ -490,4 +525,7 @@ def memory_context(
         # engine/worker.py `_build_rollout`: the replica in bf16 on a GPU, fp32 on the cpu device
         hf_replica_bytes=rollout_element_bytes(device) * model.num_params if replica else 0,
         hf_rollout_gpus=hf_rollout_gpus(lay, cluster.num_nodes, replica=replica),
+        backward_buffer_bytes=rep.backward_buffer_bytes if rep else 0,
+        step_grad_bytes=rep.step_grad_bytes if rep else 0,
+        ddp_bucket_bytes=rep.ddp_bucket_bytes if rep else 0,
     )

@@ -40,10 +40,6 @@ KNOWN_MISSES: dict[str, str] = {
         "OOM on the vLLM GPU 'when loading weights' (TRL 0.16.0.dev0 in-process engine, QLoRA): the published "
         "settings put 0.8 of the 32 GB on vLLM and nothing else there; the mechanism is not established (HELDOUT.md)"
     ),
-    "trl-issue2972-qwen2.5-7b-no-vllm-no-launcher-config-4xH20": (
-        "no accelerate / DeepSpeed config published: a plain launch is DDP, which replicates the policy's states "
-        "(7.6 B x 16 B = 122 GB per GPU); --from-trl plans full sharding when the YAML names no launcher (HELDOUT.md)"
-    ),
 }
 
 
