@@ -215,23 +215,7 @@ def update_time_s(
         cost = lora_training_cost(forward, lora, knobs.gradient_checkpointing, logits)
     trainable = shard_params if lora is None else lora.adapter_params / ts.shards
     compute_per_token = token_seconds(cost, gpu, coef)
-    # FSDP per micro-batch: all-gather bf16 params in forward and again in backward
-    # (reshard_after_forward), reduce-scatter fp32 grads (verl MixedPrecision reduce_dtype fp32).
-    comm_s = ring_time_s(2 * BF16_BYTES * param_counts(spec)[0] + FP32_BYTES * trainable * ts.shards, ts.shards, ts.bw)
-    # HSDP (fsdp_size < training GPUs): each backward also all-reduces the fp32 gradient shard across replicas
-    comm_s += allreduce_s(FP32_BYTES * trainable, ts.replicas, ts.replica_bw, coef.allreduce_latency_s)
-    serial_micro_s, step_comm_s = 0.0, 0.0
-    if knobs.state_sharding != "full":
-        spans = cluster.num_nodes > 1 and ts.train_gpus > cluster.gpus_per_node
-        dp_bw = collective_bytes_per_s(gpu, spans, coef, gpus_per_node=cluster.gpus_per_node)
-        comm_s, serial_micro_s, step_comm_s = replicated_comm_s(
-            knobs.state_sharding,
-            trainable * ts.shards,
-            ranks=ts.train_gpus,
-            bw=dp_bw,
-            coef=coef,
-            grad_bytes=prec.grad_bytes,
-        )
+    comm_s, serial_micro_s, step_comm_s = _training_comm_s(spec, cluster, knobs, ts=ts, trainable=trainable, coef=coef)
     device = cluster.device
     p_off = knobs.param_offload and device.offload_meaningful
     o_off = knobs.optimizer_offload and device.offload_meaningful
@@ -263,6 +247,30 @@ def update_time_s(
     )
     per_epoch = num_minis * (micros_s + optim_s)
     return workload.ppo_epochs * per_epoch + phase_s
+
+
+def _training_comm_s(
+    spec: ModelSpec, cluster: Cluster, knobs: Knobs, *, ts: TrainSide, trainable: float, coef: TimeCoefficients
+) -> tuple[float, float, float]:
+    """(overlappable seconds per micro-batch, serial seconds per micro-batch, seconds per optimizer step) of the
+    training collectives: FSDP's per micro-batch — all-gather bf16 params in forward and again in backward
+    (reshard_after_forward), reduce-scatter fp32 grads (verl MixedPrecision reduce_dtype fp32), and under HSDP
+    (fsdp_size < training GPUs) an all-reduce of the fp32 gradient shard across replicas; replicated states
+    (`Knobs.state_sharding`): `replicated_comm_s`."""
+    if knobs.state_sharding != "full":
+        spans = cluster.num_nodes > 1 and ts.train_gpus > cluster.gpus_per_node
+        dp_bw = collective_bytes_per_s(ts.gpu, spans, coef, gpus_per_node=cluster.gpus_per_node)
+        return replicated_comm_s(
+            knobs.state_sharding,
+            trainable * ts.shards,
+            ranks=ts.train_gpus,
+            bw=dp_bw,
+            coef=coef,
+            grad_bytes=ts.prec.grad_bytes,
+        )
+    comm_s = ring_time_s(2 * BF16_BYTES * param_counts(spec)[0] + FP32_BYTES * trainable * ts.shards, ts.shards, ts.bw)
+    comm_s += allreduce_s(FP32_BYTES * trainable, ts.replicas, ts.replica_bw, coef.allreduce_latency_s)
+    return comm_s, 0.0, 0.0
 
 
 def replicated_comm_s(

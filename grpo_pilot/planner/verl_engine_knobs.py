@@ -27,18 +27,18 @@ def allocator_knobs(env: Mapping[str, str], win: VerlWindow, notes: list[str], *
     memory/releases.py); where the window straddles a change, today's behaviour with a note."""
     conf = str(env.get(ALLOC_CONF_VAR, ""))
     env_expandable = EXPANDABLE_SEGMENTS_TRUE.search(conf) is not None
-    out = {"release_cache": _era_value("release_cache", "verl", RELEASE_CHANGES[megatron], win, notes)}
+    out = {"release_cache": _era_value("release_cache", "verl", RELEASE_CHANGES[megatron], win=win, notes=notes)}
     allocator_changes = ALLOCATOR_CHANGES[megatron]
     if env_expandable:
         if win.side(change_named(allocator_changes[0])) == "before":
             notes.append(f"{ALLOC_CONF_VAR}={conf[:60]}: the trainer runs expandable segments")
         out["allocator"] = "expandable"
     else:
-        out["allocator"] = _era_value("allocator", "expandable", allocator_changes, win, notes)
+        out["allocator"] = _era_value("allocator", "expandable", allocator_changes, win=win, notes=notes)
     return out
 
 
-def _era_value(knob: str, today: str, names: tuple[str, ...], win: VerlWindow, notes: list[str]) -> str:
+def _era_value(knob: str, today: str, names: tuple[str, ...], *, win: VerlWindow, notes: list[str]) -> str:
     """The value of `knob` in the launch's verl: the old value of the oldest change the window lies before, else
     today's; a window that straddles a change gets the newer side's value, with a note."""
     changes = [change_named(name) for name in names]
