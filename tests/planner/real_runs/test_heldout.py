@@ -32,9 +32,10 @@ CASES = load_cases(HERE / "cases_heldout.json")
 BY_ID = {**{c["id"]: c for c in load_cases(HERE / "cases_families.json")}, **{c["id"]: c for c in CASES}}
 KNOWN_MISSES: dict[str, str] = {
     "verl-tuning-qwen2.5-32b-grpo-megatron-9f4161e-8xH20": (
-        "OOM in the Megatron update (verl issue #3124) read as a fit, 87.1 of 95.6 GiB binding the reloaded "
-        "optimizer states; the same script at cc8fca5 is the docs' MIN row (86.1 GiB, ran): the term that differs "
-        "between the two verl commits is not identified (HELDOUT.md, branch probeverl)"
+        "OOM in the Megatron update (verl issue #3124) read as a fit, 86.8 of 95.6 GiB binding the reloaded "
+        "optimizer states; the same script at cc8fca5 is the docs' MIN row (86.1 GiB, ran). The traceback fails in "
+        "the first Adam step (mcore 0.12.2 line numbers), which needs ~23 GiB resident beyond the plan: no term of "
+        "verl's code between the two commits accounts for it (HELDOUT.md, branches probeverl and megoom)"
     ),
     "trl-issue2864-qwen2.5-3b-qlora-vllm-second-gpu-2x32G": (
         "OOM on the vLLM GPU 'when loading weights' (TRL 0.16.0.dev0 in-process engine, QLoRA): the published "
