@@ -20,7 +20,7 @@ Variants:
     `prepare_model`, FSDP1, since v0.30.0 @eeed902803; utils/fsdp_utils.py `fsdp2_prepare_model`, FSDP2, since
     v1.6.0 @12d38f0f5b; v1.14.0 @09228237b9 L709-L714 upcasts `requires_grad` parameters only): fp32 master,
     gradients and Adam whatever the load dtype. The reference is wrapped by TRL's `prepare_fsdp` (trl 1.16
-    trl/models/utils.py L292-L340: `FSDP(...)` / `fully_shard` directly, no upcast), so it keeps the load dtype,
+    trl/models/utils.py L292-L342: `FSDP(...)` / `fully_shard` directly, no upcast), so it keeps the load dtype,
     as do frozen (LoRA base) weights.
   * DeepSpeed ZeRO-3 (also `full`): transformers loads both models inside `deepspeed.zero.Init`, which partitions
     them in bf16 when the config enables bf16 (deepspeedai/DeepSpeed@edaa7221 deepspeed/runtime/zero/
