@@ -27,6 +27,7 @@ from grpo_pilot.hardware.gpus import GPUSpec, lookup_gpu
 from grpo_pilot.planner.adapters import adapters_modelled, flag_adapter
 from grpo_pilot.planner.config import KNOB_KEYS, Knobs, Workload
 from grpo_pilot.planner.plan import CONDITIONAL_VERDICTS, Plan, check_plan_out, save_plan
+from grpo_pilot.planner.trl_dtype import checkpoint_model_dtype
 from grpo_pilot.profiles.catalog import resolve_model
 from grpo_pilot.profiles.gguf import is_gguf_ref
 from grpo_pilot.units import GiB
@@ -189,6 +190,7 @@ def _launch(
 ) -> tuple[str, Cluster, Workload, Knobs, list[str], str, dict[str, Any]]:
     """(model, cluster, workload, knobs, notes, target, HF config overrides) of a verl script or a TRL config."""
     hf_overrides: dict[str, Any] = {}
+    dtype_auto = False
     if args.from_verl:
         from grpo_pilot.planner.from_verl import read_verl
         from grpo_pilot.planner.shell_words import split_words
@@ -209,25 +211,29 @@ def _launch(
         cluster = _cluster(args.gpus, host_bytes)
         text = read_text(str(args.from_trl), "TRL config")
         trl = read_trl(text, cluster.world_size, args.override, cluster.num_nodes)
-        workload_fields, knobs, notes, target = dict(trl.workload), trl.knobs, list(trl.notes), "trl"
-        launch_model = trl.model
+        workload_fields, knobs, notes, target = dict(trl.workload), dict(trl.knobs), list(trl.notes), "trl"
+        launch_model, dtype_auto = trl.model, "model_dtype" not in knobs
     # the launch's maxima win over the flag defaults; means, spreads and sources come from the flags
     for key, value in lengths.items():
         if key not in ("prompt_len_tokens", "response_len_tokens"):
             workload_fields[key] = value
     workload = make_workload(**workload_fields)
-    try:
-        knob_values = Knobs(**{**Knobs().model_dump(), **knobs})
-    except ValidationError as exc:
-        raise InputError(f"The launch's settings are not a valid plan: {exc.errors()[0]['msg']}.", "") from None
     chosen = args.model or launch_model
     try:
-        resolve_model(chosen)
+        resolved = resolve_model(chosen)
     except InputError:
         raise InputError(
             f"The launch trains '{launch_model}', which is neither a bundled model nor a local config.",
             "Pass --model with a bundled alias of the same architecture or a path to its config.json.",
         ) from None
+    if target == "trl" and dtype_auto:  # `dtype: auto` loads the checkpoint's dtype (planner/trl_dtype.py)
+        knobs["model_dtype"] = checkpoint_model_dtype(
+            resolved.checkpoint_dtype, state_sharding=knobs["state_sharding"], notes=notes
+        )
+    try:
+        knob_values = Knobs(**{**Knobs().model_dump(), **knobs})
+    except ValidationError as exc:
+        raise InputError(f"The launch's settings are not a valid plan: {exc.errors()[0]['msg']}.", "") from None
     return chosen, cluster, workload, knob_values, notes, target, hf_overrides
 
 

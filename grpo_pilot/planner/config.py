@@ -24,6 +24,7 @@ RolloutBackendName = Literal["vllm", "sglang", "hf"]
 Algorithm = Literal["grpo", "ppo"]
 Strategy = Literal["fsdp", "megatron"]
 StateSharding = Literal["full", "zero2", "zero1", "ddp"]  # memory/zero.py
+ModelDtype = Literal["fp32", "bf16", "fp16"]  # memory/precision.py
 Recompute = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 GenerationWeights = Literal["layer", "model"]
@@ -251,6 +252,13 @@ class Knobs(Frozen):
         "everything): 'full' (FSDP full sharding / DeepSpeed ZeRO-3), 'zero2' (DeepSpeed ZeRO-2: gradients and "
         "optimizer states partitioned, bf16 parameters replicated), 'zero1' (ZeRO-1: optimizer states only), "
         "'ddp' (DistributedDataParallel: everything replicated). planner/memory/zero.py cites the code of each.",
+    )
+    model_dtype: ModelDtype = Field(
+        default="fp32",
+        description="The dtype TRL loads the policy and the reference in (TRL only; the search never moves it): "
+        "'fp32', TRL's default, or 'bf16' / 'fp16' (`model_init_kwargs` dtype). With state_sharding 'ddp' every state "
+        "follows it (a bf16 model trains in bf16); FSDP upcasts the policy to fp32 and keeps the reference as loaded; "
+        "DeepSpeed keeps bf16 weights and fp32 master and Adam whatever it. planner/memory/precision.py cites each.",
     )
     fused_logprob: bool = Field(
         default=False, description="Chunked/fused log-prob kernel: never materialises full-vocab logits."

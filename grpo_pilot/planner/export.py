@@ -264,6 +264,8 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
         "gradient_checkpointing": k.gradient_checkpointing,
         "bf16": plan.cluster.device.mixed_precision,
     }
+    if k.model_dtype != "fp32":  # TRL loads fp32 unless told (planner/trl_dtype.py); the plan's states follow it
+        settings["model_init_kwargs"] = {"dtype": {"bf16": "bfloat16", "fp16": "float16"}[k.model_dtype]}
     if k.rollout_backend == "vllm":
         settings["vllm_mode"] = "colocate" if colocate else "server"
         settings["vllm_max_model_length"] = w.seq_len_tokens

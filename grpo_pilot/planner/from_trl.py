@@ -21,6 +21,9 @@ gradients); a YAML naming neither is DDP on several processes — `accelerate la
 launch whose accelerate config comes on the command line (open-r1's `--config_file .../zero2.yaml`) needs
 `--override deepspeed=zero2` (said in the notes). A `deepspeed:` name or mapping whose stage is not told is
 planned as ZeRO-3.
+The model's load dtype (`Knobs.model_dtype`: `model_init_kwargs` / `dtype` / `torch_dtype`, fp32 when unnamed; `auto`
+resolved from the checkpoint) sets the element sizes each launcher holds: planner/trl_dtype.py reads it,
+memory/precision.py `trl_precision` applies it.
 
 Axolotl (`rl: grpo`) maps `base_model`, `micro_batch_size`, `gradient_accumulation_steps`,
 `sequence_len` and its `trl:` section onto the same fields.
@@ -44,6 +47,7 @@ from pydantic import Field
 from grpo_pilot.errors import InputError
 from grpo_pilot.models import Frozen
 from grpo_pilot.planner.adapters import AdapterSettings, show, trl_adapter
+from grpo_pilot.planner.trl_dtype import launch_dtype, model_dtype_knob
 
 MAX_YAML_DEPTH = 64  # nesting of a config's mappings and lists (a GRPOConfig YAML nests 2-3 levels)
 
@@ -79,7 +83,11 @@ class TrlLaunch(Frozen):
         description="ds3_gather_for_generation (trl 1.16 grpo_config.py line 498, default True): under ZeRO-3 "
         "generation with the policy gathers the whole model on every GPU.",
     )
-    model_dtype: str | None = Field(default=None, description="torch_dtype / dtype the model is loaded in.")
+    model_dtype: str | None = Field(
+        default=None,
+        description="dtype / torch_dtype the model is loaded in as the launch names it ('auto': the checkpoint's, "
+        "resolved with the model: planner/trl_dtype.py `checkpoint_model_dtype`); None: not named (fp32).",
+    )
     notes: tuple[str, ...] = Field(default=())
 
 
@@ -122,7 +130,20 @@ def _axolotl(cfg: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("lora_dropout", "lora_target_modules", "lora_target_linear", "load_in_4bit", "load_in_8bit"):
         if key in cfg:
             out[key] = cfg[key]
+    out.setdefault("dtype", _axolotl_dtype(cfg))
     return out
+
+
+def _axolotl_dtype(cfg: Mapping[str, Any]) -> str:
+    """The dtype Axolotl loads the model in (axolotl-ai-cloud/axolotl@067b021c8 src/axolotl/utils/config/__init__.py
+    L191-L196 `normalize_config`: bf16 / bfloat16 -> bfloat16, else load_in_8bit / fp16 / float16 -> float16, else
+    float32; `bf16: auto` is bf16 where the GPU has it, else fp16 (L160-L167): 2 bytes either way; loaders/model.py
+    L611-L612 passes it to from_pretrained)."""
+    if cfg.get("bf16") in (True, "auto") or cfg.get("bfloat16"):
+        return "bfloat16"
+    if cfg.get("load_in_8bit") or cfg.get("fp16") or cfg.get("float16"):
+        return "float16"
+    return "float32"
 
 
 def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> TrlLaunch:
@@ -159,9 +180,10 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
         knobs["state_sharding"] = _no_launcher(cfg, processes, notes)
     if knobs["state_sharding"] != "full" and adapter is not None:
         notes.append("LoRA under ZeRO-1/2 or DDP: the adapters' states planned replicated (approximate)")
-    dtype = cfg.get("torch_dtype", cfg.get("dtype"))
-    if dtype is not None and not isinstance(dtype, str):
-        raise InputError(f"torch_dtype: {show(dtype)} is not a dtype name.", "Fix the config.")
+    dtype = launch_dtype(cfg)
+    knob_dtype = model_dtype_knob(dtype, zero_stage=zero_stage, state_sharding=knobs["state_sharding"], notes=notes)
+    if knob_dtype is not None:
+        knobs["model_dtype"] = knob_dtype
     if not use_vllm:
         knobs.update(rollout_backend="hf", rollout_tp=1, placement="colocated")
         if zero_stage == 3 and gather:

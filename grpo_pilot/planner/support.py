@@ -52,6 +52,8 @@ def _executor_problems(target: str, workload: Workload, knobs: Knobs) -> list[st
         problems.append(f"{engine} has no {knobs.rollout_backend} rollout")
     if knobs.state_sharding != "full" and not ex.has_knob("state_sharding"):
         problems.append(f"{engine} shards every model state (FSDP): no state_sharding={knobs.state_sharding}")
+    if knobs.model_dtype != "fp32" and not ex.has_knob("model_dtype"):
+        problems.append(f"{engine} creates the actor in fp32 (mixed precision): no model_dtype={knobs.model_dtype}")
     defaults = Knobs()
     moved = sorted(
         name

@@ -320,7 +320,9 @@ def weight_sync_time_s(
     p_off = knobs.param_offload and cluster.device.offload_meaningful
     # Offloaded params come from the host once (verl loads them for the sync; streaming targets read
     # each shard once while gathering).
-    master_bytes = precision_for(executor, cluster.device).master_bytes
+    master_bytes = precision_for(
+        executor, cluster.device, model_dtype=knobs.model_dtype, state_sharding=knobs.state_sharding
+    ).master_bytes
     offload_s = master_bytes * param_counts(spec)[0] / train_gpus / host_link_bytes_per_s(gpu, coef) if p_off else 0.0
     link = collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef, gpus_per_node=cluster.gpus_per_node)
     if knobs.placement == "split" and executor.split_sync_via_host:  # our engine: master-dtype buckets via host
@@ -345,7 +347,12 @@ def replica_sync_s(
     coef, gpu = coefficients, cluster.gpu
     _, train_gpus = pools(cluster, knobs)
     params = param_counts(spec)[0]
-    sent = precision_for(executor, cluster.device).master_bytes * params
+    sent = (
+        precision_for(
+            executor, cluster.device, model_dtype=knobs.model_dtype, state_sharding=knobs.state_sharding
+        ).master_bytes
+        * params
+    )
     link = collective_bytes_per_s(gpu, cluster.num_nodes > 1, coef, gpus_per_node=cluster.gpus_per_node)
     load_s = (sent + rollout_element_bytes(cluster.device) * params) / gpu.hbm_bytes_per_s
     if knobs.placement != "split":

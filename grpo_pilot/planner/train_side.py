@@ -118,7 +118,9 @@ def train_side(
 
     return TrainSide(
         gpu=gpu,
-        prec=precision_for(executor, cluster.device),
+        prec=precision_for(
+            executor, cluster.device, model_dtype=knobs.model_dtype, state_sharding=knobs.state_sharding
+        ),
         lengths=lengths,
         train_gpus=train_gpus,
         sp=knobs.ulysses_sp,

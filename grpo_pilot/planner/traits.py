@@ -34,7 +34,7 @@ the executor behaviour it stands for and the source where it was read:
 - ref_bytes: bytes per reference-model parameter on a GPU. Our engine keeps a bf16 copy; verl creates
   non-actor roles in bf16 (`fsdp_workers`: `torch.float32 if self._is_actor else torch.bfloat16`); TRL
   builds the reference with the policy's dtype (`model_init_kwargs.setdefault("dtype", self.model.dtype)`),
-  fp32 by default.
+  fp32 by default (the trait); a launch's `model_dtype` and launcher change it (memory/precision.py `trl_precision`).
 - logits_kernel: which log-prob implementation's memory and traffic apply (`memory/logits.py`): our
   engine's, verl's (flash-attn cross-entropy / FusedLinearForPPO) or TRL's always-fused chunked head.
 - fsdp_on_one_rank: verl wraps actor and reference in FSDP even on one GPU (fsdp_workers builds the FSDP
@@ -48,7 +48,8 @@ the executor behaviour it stands for and the source where it was read:
 - missing_knobs: knobs the executor has no setting for, which the search must not move (they keep
   `Knobs()` defaults): our engine refuses Ulysses SP (engine/assemble.py) and shards over every rank (no
   HSDP `fsdp_size`); only TRL runs under DeepSpeed ZeRO-1/2 or DDP (`state_sharding`, memory/zero.py): verl's
-  and our engine's FSDP shard every state; TRL's GRPOConfig has no
+  and our engine's FSDP shard every state; only TRL loads the model in a dtype the launch chooses (`model_dtype`,
+  memory/precision.py): verl and our engine create the actor in fp32; TRL's GRPOConfig has no
   reference offload (the reference stays on the GPU), no Ulysses SP, no log-prob kernel switch (its head
   is always fused), no vLLM eager switch and no scheduler caps (trl 1.16 GRPOConfig fields).
   `remove_padding` (verl `model.use_remove_padding`) and the facts of older verl releases (`VERL_ERA_KNOBS`:
@@ -168,7 +169,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         update_entropy_metric=True,
         ref_bytes=BF16_BYTES,
         logits_kernel="ours",
-        missing_knobs=frozenset({"ulysses_sp", "fsdp_size", "remove_padding", "state_sharding"})
+        missing_knobs=frozenset({"ulysses_sp", "fsdp_size", "remove_padding", "state_sharding", "model_dtype"})
         | VERL_ERA_KNOBS
         | FAMILY_KNOBS,
         shares_prompts=True,
@@ -195,7 +196,7 @@ TRAITS: dict[str, ExecutorTraits] = {
         strategies=frozenset({"fsdp", "megatron"}),
         rollout_engines=frozenset({"vllm", "sglang", "hf"}),
         lora_rollout="adapters",
-        missing_knobs=frozenset({"hf_decode", "state_sharding"}),
+        missing_knobs=frozenset({"hf_decode", "state_sharding", "model_dtype"}),
         forces_fsdp_ref_offload=True,
     ),
     "trl": ExecutorTraits(

@@ -52,6 +52,13 @@ class ResolvedModel(Frozen):
     hub_id: str | None
     published_params: str | None
     spec: ModelSpec
+    # the config's `torch_dtype` (`dtype` since transformers v5): what from_pretrained(dtype="auto") loads
+    checkpoint_dtype: str | None = None
+
+
+def _config_dtype(cfg: dict) -> str | None:
+    value = cfg.get("torch_dtype", cfg.get("dtype"))
+    return value if isinstance(value, str) else None
 
 
 def _configs_dir() -> Path:
@@ -99,6 +106,7 @@ def resolve_model(name: str) -> ResolvedModel:
             hub_id=None,
             published_params=None,
             spec=spec_from_hf_config(cfg, display),
+            checkpoint_dtype=_config_dtype(cfg),
         )
     key = _normalise(name)
     canonical = SHORT_ALIASES.get(key, key)
@@ -117,4 +125,5 @@ def resolve_model(name: str) -> ResolvedModel:
         hub_id=cfg.get("_name_or_path"),
         published_params=cfg.get("_published_params"),
         spec=spec,
+        checkpoint_dtype=_config_dtype(cfg),
     )

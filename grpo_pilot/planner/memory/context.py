@@ -321,7 +321,7 @@ def _sharding(cluster: Cluster, workload: Workload, knobs: Knobs, executor: Exec
         optimizer_offload=knobs.optimizer_offload and device.offload_meaningful,
     )
     return _Sharding(
-        precision=precision_for(executor, device),
+        precision=precision_for(executor, device, model_dtype=knobs.model_dtype, state_sharding=knobs.state_sharding),
         layout=lay,
         lengths=lengths_of(workload),
         sharded=sharded,
@@ -400,6 +400,7 @@ def _replicated(
         ranks=sh.layout.trainer_gpus,
         compute_bytes=prec.compute_bytes,
         master_bytes=prec.master_bytes,
+        grad_bytes=prec.grad_bytes,
         adam_bytes=prec.adam_bytes,
         ref_bytes=prec.ref_bytes,
         has_ref=has_ref,

@@ -99,9 +99,9 @@ def lora_plan(
     targets = lora_targets(adapter, spec)
     rank = adapter.rank or DEFAULT_LORA_RANK
     n_adapter = adapter_params(shape, targets, rank)
-    bits = base_bits(adapter, precision.master_bytes)
+    bits = base_bits(adapter, precision.frozen_bytes)
     quantized = bits < 16
-    storage = precision.master_bytes
+    storage = precision.frozen_bytes  # the base as loaded (TRL: its load dtype, memory/precision.py)
     base = frozen_base_bytes(
         shape,
         base_bits=bits if quantized else 8 * storage,

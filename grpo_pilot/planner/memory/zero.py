@@ -26,13 +26,15 @@ the policy runs in place, like one unsharded rank. With Ψ parameters, c = 2 (bf
   This is the ZeRO paper's accounting (Rajbhandari et al. 2020, arXiv 1910.02054 §5: P_os 2Ψ + 2Ψ + KΨ/N_d,
   P_os+g 2Ψ + (2+K)Ψ/N_d with K = 12) plus the bucket and the fp32 gradient partition the code adds.
 - DDP (`accelerate launch` without a config file, or ZeRO stage 0): the policy keeps its load dtype (TRL: fp32
-  unless `dtype` is set) and trains under bf16 autocast, every state replicated: parameters 4·Ψ, `param.grad`
-  4·Ψ, Adam 8·Ψ — and the reducer's buckets: accelerate's DistributedDataParallelKwargs passes
-  gradient_as_bucket_view=False (accelerate/utils/dataclasses.py), so the reducer allocates a flat gradient
-  tensor per bucket (25 MiB caps, `bucket_cap_mb`) covering every trainable parameter at construction and keeps
-  it (torch/csrc/distributed/c10d/reducer.cpp `initialize_buckets`: `bucket.gradients = at::empty(...)`),
-  copying each gradient in and the reduced result back: another 4·Ψ, held in every phase. One process is not
-  wrapped in DDP (no buckets). The reference stays in its dtype, replicated (`prepare_model(evaluation_mode)`).
+  unless `dtype` is set; `Knobs.model_dtype`, memory/precision.py) — fp32 under bf16 autocast, or bf16 throughout —
+  every state replicated: parameters p·Ψ, `param.grad` p·Ψ, Adam 2p·Ψ (torch AdamW's moments take the
+  parameter's dtype) with p = 4 (fp32) or 2 (bf16) — and the reducer's buckets: accelerate's
+  DistributedDataParallelKwargs passes gradient_as_bucket_view=False (accelerate/utils/dataclasses.py), so the
+  reducer allocates a flat gradient tensor per bucket (25 MiB caps, `bucket_cap_mb`; the gradients' dtype) covering
+  every trainable parameter at construction and keeps it (torch/csrc/distributed/c10d/reducer.cpp
+  `initialize_buckets`: `bucket.gradients = at::empty(...)`), copying each gradient in and the reduced result
+  back: another p·Ψ, held in every phase. One process is not wrapped in DDP (no buckets). The reference stays in
+  its load dtype, replicated (`prepare_model(evaluation_mode)`).
 """
 
 from __future__ import annotations
@@ -67,20 +69,22 @@ def replicated_states(
     ranks: int,
     compute_bytes: int,
     master_bytes: int,
+    grad_bytes: int,
     adam_bytes: int,
     ref_bytes: int,
     has_ref: bool,
     bucket_elements: int = DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
 ) -> ReplicatedStates:
     """Per-rank states of `num_params` parameters over `ranks` data-parallel ranks under `mode` (ZeRO-1, ZeRO-2
-    or DDP); `master_bytes` / `adam_bytes` / `ref_bytes` are the executor's element sizes of the fp32 master
-    weights, both Adam moments and the reference as loaded (module docstring)."""
+    or DDP); `master_bytes` / `grad_bytes` / `adam_bytes` / `ref_bytes` are the executor's element sizes of the
+    master weights (DDP: the parameters as loaded), the gradients, both Adam moments and the reference as loaded
+    (memory/precision.py; module docstring)."""
     part = shard_elements(num_params, ranks)
     if mode == "ddp":
-        buckets = master_bytes * num_params if ranks > 1 else 0
+        buckets = grad_bytes * num_params if ranks > 1 else 0
         return ReplicatedStates(
             params_bytes=master_bytes * num_params,
-            grad_bytes=master_bytes * num_params,
+            grad_bytes=grad_bytes * num_params,
             adam_bytes=adam_bytes * num_params,
             ref_bytes=ref_bytes * num_params if has_ref else 0,
             backward_buffer_bytes=0,
