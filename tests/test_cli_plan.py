@@ -403,3 +403,21 @@ def test_from_verl_takes_pins_for_what_a_script_cannot_say(tmp_path: Path) -> No
     assert a["knobs"]["vllm_memory"] == "instance" and b["knobs"]["vllm_memory"] == "device"
     assert b["kv_cache_tokens_per_gpu"] < a["kv_cache_tokens_per_gpu"]
     assert run("--from-verl", str(script), "--gpus", "H100", "--n", "4").exit_code == 2  # the script sets n
+
+
+def test_a_launch_that_does_not_fit_is_searched_with_its_launcher_kept_and_told_in_its_own_keys(tmp_path: Path) -> None:
+    """--from-trl on a DDP launch whose micro-batch is too large: the search that follows keeps what no search
+    moves (DDP, the load dtype) and reports its changes as GRPOConfig settings, not verl overrides."""
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        "model_name_or_path: Qwen/Qwen2.5-1.5B\nper_device_train_batch_size: 64\ngradient_accumulation_steps: 1\n"
+        "num_generations: 8\nmax_prompt_length: 1024\nmax_completion_length: 4096\nuse_vllm: true\n"
+        "vllm_mode: colocate\ngradient_checkpointing: false\nbf16: true\ndtype: bfloat16\n"
+    )
+    result = runner.invoke(app, ["--from-trl", str(config), "--gpus", "1xH100"])
+    assert result.exit_code in (3, 4), result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("note: ")]
+    start = next(i for i, line in enumerate(notes) if line.startswith("note: a searched configuration fits"))
+    changes = notes[start + 1 :]
+    assert any(line.startswith("note: per_device_train_batch_size: 64 → ") for line in changes), changes
+    assert not any("actor_rollout_ref" in line or "fsdp_config" in line for line in changes), changes

@@ -141,10 +141,14 @@ def _calibrate(inputs: Any, args: PlanArgs) -> tuple[Any, str | None]:
 
 def _evaluate_launch(inputs: Any, knobs: Knobs, trials: int, seed: int) -> tuple[Plan, list[str]]:
     """A launch evaluated exactly as given; when it does not fit, the suggestions and what a search of the
-    same job on the same cluster would change (as verl overrides for a verl target)."""
+    same job on the same cluster would change: the knobs the search never moves (the launcher, the load dtype,
+    the verl era's behaviour, the engine caps) stay the launch's; the changes are given as the target's keys
+    (verl overrides, TRL GRPOConfig settings)."""
     from grpo_pilot.planner.evaluate import assess
-    from grpo_pilot.planner.export import verl_overrides
+    from grpo_pilot.planner.export import trl_settings, verl_overrides
+    from grpo_pilot.planner.knob_space import searched_fields
     from grpo_pilot.planner.make_plan import make_plan, to_plan
+    from grpo_pilot.planner.search import build_space
     from grpo_pilot.planner.suggest import suggest
     from grpo_pilot.planner.support import require_supported
 
@@ -152,12 +156,20 @@ def _evaluate_launch(inputs: Any, knobs: Knobs, trials: int, seed: int) -> tuple
     a = assess(inputs, knobs)
     if a.fits:
         return to_plan(inputs, a), []
-    plan = to_plan(inputs, a, suggestions=suggest(inputs, a, {}))
-    searched = make_plan(inputs, pins={}, trials=trials, seed=seed)
+    searched = searched_fields(build_space(inputs, {}).choices)
+    kept = {k: v for k, v in knobs.model_dump().items() if k not in searched}
+    plan = to_plan(inputs, a, suggestions=suggest(inputs, a, {}, kept=kept))
+    searched = make_plan(inputs, pins=kept, trials=trials, seed=seed)
     if not searched.fits:
         return plan, []
-    before, after = dict(verl_overrides(plan)), dict(verl_overrides(searched))
-    changes = [f"{k}: {before.get(k)} → {v}" for k, v in after.items() if before.get(k) != v and k.startswith("actor")]
+    if inputs.target == "trl":
+        before, after = trl_settings(plan)[0], trl_settings(searched)[0]
+        changes = [f"{k}: {before.get(k)} → {v}" for k, v in after.items() if before.get(k) != v]
+    else:
+        before, after = dict(verl_overrides(plan)), dict(verl_overrides(searched))
+        changes = [
+            f"{k}: {before.get(k)} → {v}" for k, v in after.items() if before.get(k) != v and k.startswith("actor")
+        ]
     lines = [f"a searched configuration fits (predicted {searched.predicted_step_s:.0f} s/step); change:"] + changes
     return plan, lines
 

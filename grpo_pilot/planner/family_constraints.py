@@ -86,6 +86,19 @@ def family_checks(spec: ModelSpec, workload: Workload, knobs: Knobs, *, train_gp
     checks: list[Check] = []
     if knobs.strategy == "megatron":
         checks += _megatron(spec, workload, knobs, train_gpus=train_gpus, dp=dp)
+    offloads = [k for k in ("param_offload", "optimizer_offload", "ref_param_offload") if getattr(knobs, k)]
+    if knobs.state_sharding != "full" and offloads:
+        # TRL offloads through FSDP's cpu_offload (export.trl_fsdp_config) or DeepSpeed's offload_param /
+        # offload_optimizer sections, neither of which the replicated modes of memory/zero.py model: DDP has none
+        checks.append(
+            rule(
+                "offload.needs_sharding",
+                False,
+                f"{', '.join(offloads)} under state_sharding={knobs.state_sharding}: the plan offloads through FSDP "
+                "(state_sharding=full: fsdp: or DeepSpeed ZeRO-3); DDP cannot offload, and DeepSpeed ZeRO-1/2 "
+                "offload_optimizer is not modelled.",
+            )
+        )
     if knobs.activation_offload:
         checks.append(
             rule(

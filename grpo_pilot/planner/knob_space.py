@@ -33,7 +33,7 @@ plus the pins for the planner, the input plan's knobs for the tuner): its values
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.planner.config import Knobs, Workload, old_logprob_pass_needed
@@ -89,6 +89,19 @@ ANALYTIC_GRID = KnobGrid(
     parallel_degrees=(1, 2, 4, 8),
 )
 TRIAL_GRID = ANALYTIC_GRID._replace(utilizations=(0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9))
+
+
+# dimension -> the knob fields a point of it sets (`knobs_at_point`; the search leaves log-prob micro-batches to the
+# token budget: a point's log_prob_micro_batch_size_per_gpu is the default None)
+DIMENSION_FIELDS: dict[str, tuple[str, ...]] = {
+    UPDATE_BATCH: ("micro_batch_size_per_gpu", "max_token_len_per_gpu"),
+    "log_prob_max_token_len_per_gpu": ("log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size_per_gpu"),
+}
+
+
+def searched_fields(dimensions: Iterable[str]) -> frozenset[str]:
+    """The knob fields a search over these dimensions sets (the others keep their values)."""
+    return frozenset(f for d in dimensions for f in DIMENSION_FIELDS.get(d, (d,)))
 
 
 def update_batch_value(knobs: Knobs) -> str:

@@ -2,6 +2,7 @@
 
 When nothing fits (or a pinned configuration does not), `suggest(inputs, assessment, pins)` returns
 short sentences, in this order:
+0. for a TRL launch with replicated states (DDP, ZeRO-1/2), sharding them (FSDP / ZeRO-3), if that alone fits;
 1. turning on every offload for the configuration that failed, if that alone fits;
 2. the host RAM per node that would let a frugal configuration fit, when host RAM is what binds;
 3. the fewest GPUs of the same type that fit (same GPUs per node; more nodes), with the most
@@ -48,6 +49,22 @@ def first_fit(inputs: PlanInputs, pins: Mapping[str, Any]) -> Assessment | None:
         if a.fits:
             return a
     return None
+
+
+def _with_sharding(inputs: PlanInputs, failed: Assessment) -> str | None:
+    """A TRL launch whose states are replicated (DDP, DeepSpeed ZeRO-1/2: memory/zero.py): sharding every state
+    (FSDP or ZeRO-3) with the same knobs, if that alone fits."""
+    if failed.knobs.state_sharding == "full":
+        return None
+    a = assess(inputs, failed.knobs.model_copy(update={"state_sharding": "full"}))
+    if not a.fits:
+        return None
+    peak, usable = a.memory.peak_gpu_bytes / GiB, inputs.usable_gpu_bytes / GiB
+    return (
+        f"sharding every model state instead of {failed.knobs.state_sharding} fits: peak {peak:.1f} GiB of "
+        f"{usable:.1f} GiB usable (an accelerate FSDP or DeepSpeed ZeRO-3 config: --override fsdp=full_shard or "
+        "--override deepspeed=zero3)."
+    )
 
 
 def _with_offloads(inputs: PlanInputs, failed: Assessment) -> str | None:
@@ -164,11 +181,20 @@ def _longest_response(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None
     return f"responses of up to {lo} tokens fit on {inputs.cluster.label()} (--response-len {lo})."
 
 
-def suggest(inputs: PlanInputs, failed: Assessment, pins: Mapping[str, Any] | None = None) -> tuple[str, ...]:
-    """Suggestions for a configuration that does not fit (see module docstring)."""
-    pins = dict(pins or {})
-    free = {k: v for k, v in pins.items() if k not in OFFLOADS}
+def suggest(
+    inputs: PlanInputs,
+    failed: Assessment,
+    pins: Mapping[str, Any] | None = None,
+    *,
+    kept: Mapping[str, Any] | None = None,
+) -> tuple[str, ...]:
+    """Suggestions for a configuration that does not fit (see module docstring). `kept`: a launch's knobs that no
+    search moves (its launcher, load dtype, era behaviour, engine caps), held in every candidate and never
+    suggested away — unlike `pins`."""
+    pins, kept = dict(pins or {}), dict(kept or {})
+    free = {**kept, **{k: v for k, v in pins.items() if k not in OFFLOADS}}
     found = [
+        _with_sharding(inputs, failed),
         _with_offloads(inputs, failed),
         _host_ram_needed(inputs, free),
         _fewest_gpus(inputs, free),
@@ -179,9 +205,9 @@ def suggest(inputs: PlanInputs, failed: Assessment, pins: Mapping[str, Any] | No
         other = _other_knobs(inputs, failed, free)
         out = (other,) if other else ()
     if not out and pins:  # the pins themselves may be what cannot fit: say what would fit without them
-        unpinned = [_host_ram_needed(inputs, {}), _fewest_gpus(inputs, {}), _longest_response(inputs, {})]
+        unpinned = [_host_ram_needed(inputs, kept), _fewest_gpus(inputs, kept), _longest_response(inputs, kept)]
         out = tuple(f"without the pinned knobs, {s}" for s in unpinned if s)
-        if not out and first_fit(inputs, {}) is not None:
+        if not out and first_fit(inputs, kept) is not None:
             out = ("without the pinned knobs it fits on this cluster: drop the --pin flags and let the search choose.",)
     return out or (_nothing_found(inputs, free),)
 

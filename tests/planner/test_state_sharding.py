@@ -7,11 +7,14 @@ import pytest
 
 from grpo_pilot.hardware import parse_cluster
 from grpo_pilot.planner.config import Knobs, Workload
+from grpo_pilot.planner.constraints import violations
+from grpo_pilot.planner.evaluate import PlanInputs, assess, model_ref
 from grpo_pilot.planner.from_trl import read_trl
 from grpo_pilot.planner.memory.context import memory_context
 from grpo_pilot.planner.memory.model_states import shard_elements
 from grpo_pilot.planner.memory.zero import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS
+from grpo_pilot.planner.suggest import suggest
 from grpo_pilot.planner.support import unsupported
 from grpo_pilot.planner.time_coefficients import DEFAULT_TIME_COEFFICIENTS
 from grpo_pilot.planner.timing import replicated_comm_s, update_time_s
@@ -124,3 +127,27 @@ def test_update_time_moves_with_the_mode() -> None:
         return update_time_s(SPEC, cluster, wl, knobs, executor=traits_for("trl"))
 
     assert len({t("full"), t("zero2"), t("zero1"), t("ddp")}) == 4
+
+
+def test_replicated_states_cannot_offload_and_the_suggestion_is_to_shard_them() -> None:
+    """DDP has no offload and DeepSpeed ZeRO-1/2 offload_optimizer is not modelled: an offload knob under a
+    replicated mode breaks a rule (so no search or suggestion offers it); the suggestion for a DDP launch that
+    does not fit is sharding its states, with the peak that gives."""
+    small = Workload(
+        prompts_per_step=8, mini_batch_prompts=8, n=2, prompt_len_tokens=256, response_len_tokens=512, use_kl_loss=True
+    )
+    inputs = PlanInputs(
+        model=model_ref(resolve_model("qwen2.5-7b")), cluster=parse_cluster("4xH20"), workload=small, target="trl"
+    )
+    ddp = Knobs(state_sharding="ddp", rollout_backend="hf", rollout_tp=1)
+    offloaded = assess(inputs, ddp.model_copy(update={"param_offload": True, "optimizer_offload": True}))
+    assert "offload.needs_sharding" in {c.rule for c in violations(offloaded.checks)}
+    failed = assess(inputs, ddp)
+    assert not failed.fits
+    kept = {"state_sharding": "ddp", "rollout_backend": "hf"}
+    first = suggest(inputs, failed, {}, kept=kept)[0]
+    sharded = assess(inputs, ddp.model_copy(update={"state_sharding": "full"}))
+    assert sharded.fits
+    assert first.startswith("sharding every model state instead of ddp fits")
+    assert f"peak {sharded.memory.peak_gpu_bytes / 2**30:.1f} GiB" in first
+    assert all("turning on" not in s for s in suggest(inputs, failed, {}, kept=kept))
