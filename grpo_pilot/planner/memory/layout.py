@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 
@@ -19,6 +20,7 @@ class Layout(NamedTuple):
     split: bool
 
 
+@lru_cache(maxsize=256)  # pure and called several times per assessment (the search's inner loop)
 def layout_for(num_nodes: int, gpus_per_node: int, placement: str, split_rollout_gpus_per_node: int) -> Layout:
     """Resolve the placement knob into GPU counts (see module docstring)."""
     if placement != "split":
