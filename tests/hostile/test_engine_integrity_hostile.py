@@ -121,7 +121,17 @@ def test_a_signal_stops_the_run_like_a_failure(tmp_path, signame):
     argv = [sys.executable, "-c", "from grpo_pilot.cli import run_entry; run_entry()", TINY_PLAN, *RUN_GOOD]
     argv += ["--reward", f"{reward}:score", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    # a shell without job control starts background jobs with SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler (it respects SIG_IGN, as grpo-run does): give the run the default disposition
+    # a terminal's Ctrl-C reaches, whatever launched this test
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 180
         while not started.exists():  # the event: the reward is running (step 1, reward phase)
