@@ -467,7 +467,9 @@ def host_memory(ctx: MemoryContext, cluster: Cluster) -> dict[str, int]:
             ov.host_rss_bytes_per_gpu_process if ctx.device.caching_allocator else ov.cpu_process_rss_bytes
         ),
     )
-    return {**items, **family_host_items(ctx)}
+    # DeepSpeed ZeRO-1/2 offload_optimizer: each rank's fp32 master, fp32 gradient and bf16 partitions (memory/zero.py)
+    zero = {"zero_offloaded_partitions": ctx.layout.trainer_gpus_per_node * ctx.zero_host_bytes}
+    return {**items, **(zero if ctx.zero_host_bytes else {}), **family_host_items(ctx)}
 
 
 def estimate_memory(

@@ -12,6 +12,9 @@ Megatron (verl `actor.strategy=megatron`; Megatron-Core's own checks):
   `microbatch_group_size_per_vp_stage` (default PP): a fixed micro-batch must give a multiple of PP (verl
   asserts it; with dynamic batching verl pads the count itself);
 - megatron.no_fsdp_knobs — Ulysses SP and an FSDP group size are FSDP settings (Megatron has CP and DP).
+Launchers (`Knobs.state_sharding`):
+- offload.needs_sharding — parameter and reference offload need every state sharded (FSDP / ZeRO-3); DeepSpeed
+  ZeRO-1/2 offload only the optimizer (memory/zero.py); DDP offloads nothing.
 FSDP:
 - activation_offload.layers — verl's activation offload needs at least three decoder layers (its handler
   offloads L − 1 groups and refuses fewer than two).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.constraints_base import Check, rule
+from grpo_pilot.planner.memory.zero import ZERO_MODES
 from grpo_pilot.profiles.spec import ModelSpec
 
 
@@ -87,16 +91,17 @@ def family_checks(spec: ModelSpec, workload: Workload, knobs: Knobs, *, train_gp
     if knobs.strategy == "megatron":
         checks += _megatron(spec, workload, knobs, train_gpus=train_gpus, dp=dp)
     offloads = [k for k in ("param_offload", "optimizer_offload", "ref_param_offload") if getattr(knobs, k)]
-    if knobs.state_sharding != "full" and offloads:
-        # TRL offloads through FSDP's cpu_offload (export.trl_fsdp_config) or DeepSpeed's offload_param /
-        # offload_optimizer sections, neither of which the replicated modes of memory/zero.py model: DDP has none
+    # ZeRO-1/2 offload only the optimizer (DeepSpeed's offload_optimizer: memory/zero.py); offload_param is ZeRO-3's
+    # (deepspeed/runtime/zero/stage3.py `_configure_offloading`), and DDP offloads nothing
+    allowed = ("optimizer_offload",) if knobs.state_sharding in ZERO_MODES else ()
+    if knobs.state_sharding != "full" and set(offloads) - set(allowed):
         checks.append(
             rule(
                 "offload.needs_sharding",
                 False,
-                f"{', '.join(offloads)} under state_sharding={knobs.state_sharding}: the plan offloads through FSDP "
-                "(state_sharding=full: fsdp: or DeepSpeed ZeRO-3); DDP cannot offload, and DeepSpeed ZeRO-1/2 "
-                "offload_optimizer is not modelled.",
+                f"{', '.join(offloads)} under state_sharding={knobs.state_sharding}: parameters offload only with "
+                "every state sharded (state_sharding=full: fsdp: or DeepSpeed ZeRO-3 offload_param), ZeRO-1/2 offload "
+                "only the optimizer (offload_optimizer), and DDP cannot offload.",
             )
         )
     if knobs.activation_offload:

@@ -39,6 +39,7 @@ a bad one is an error naming its key (its text bounded, whatever the YAML holds)
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Mapping
 
@@ -173,7 +174,8 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
     batch = _batches(cfg, get, total_gpus, notes)
     use_vllm, mode, processes, micro = batch["use_vllm"], batch["mode"], batch["processes"], batch["micro"]
     knobs = _trl_knobs(cfg, get, micro, notes)
-    zero_stage, gather = _deepspeed(cfg, use_vllm, notes)
+    zero_stage, gather, offloads = _deepspeed(cfg, use_vllm, notes)
+    knobs.update(offloads)
     if zero_stage is not None:
         knobs["state_sharding"] = STAGE_SHARDING[zero_stage]
     elif not cfg.get("deepspeed"):
@@ -248,22 +250,45 @@ def _no_launcher(cfg: Mapping[str, Any], processes: int, notes: list[str]) -> st
     return "ddp"
 
 
-def _deepspeed(cfg: Mapping[str, Any], use_vllm: bool, notes: list[str]) -> tuple[int | None, bool]:
-    """(ZeRO stage, ds3_gather_for_generation) from `deepspeed:` — a config mapping, or a name such as
-    ms-swift's `zero3` or a file `ds_z3_config.json` (the file itself is not read: its path is the user's)."""
+def _deepspeed_mapping(cfg: Mapping[str, Any]) -> Any:
+    """`deepspeed:` as accelerate reads it (accelerate 1.15.0 utils/deepspeed.py `HfDeepSpeedConfig.__init__`
+    L136-L157: a dict, a file path, or a JSON string, tried before base64): a JSON string becomes its mapping, a path
+    stays a name (the file is the user's, not read). An accelerate config's `deepspeed_config:` section (the
+    DeepSpeedPlugin fields, `zero_stage` / `offload_*_device`) stands in when the YAML carries one instead."""
     ds = cfg.get("deepspeed")
+    if not ds and isinstance(cfg.get("deepspeed_config"), Mapping):
+        return cfg["deepspeed_config"]
+    if isinstance(ds, str) and ds.lstrip().startswith("{"):
+        try:
+            return json.loads(ds)
+        except json.JSONDecodeError:
+            raise InputError(
+                f"deepspeed: {show(ds)} is neither a file name nor valid JSON.", "Fix the config."
+            ) from None
+    return ds
+
+
+def _zero_stage(ds: Any) -> int | None:
+    """The ZeRO stage a `deepspeed:` mapping (`zero_optimization.stage`, or DeepSpeedPlugin's `zero_stage`) or name
+    (ms-swift's `zero3`, a file `ds_z3_config.json`) tells; None when it does not."""
+    if isinstance(ds, Mapping):
+        zero = ds.get("zero_optimization")
+        stage = zero.get("stage") if isinstance(zero, Mapping) else ds.get("zero_stage")
+        return stage if stage in (0, 1, 2, 3) else None
+    if isinstance(ds, str):
+        name = ds.lower().replace("_", "").replace("-", "")
+        return next((k for k in (3, 2, 1) if f"zero{k}" in name or f"z{k}" in name or f"stage{k}" in name), None)
+    return None
+
+
+def _deepspeed(cfg: Mapping[str, Any], use_vllm: bool, notes: list[str]) -> tuple[int | None, bool, dict[str, bool]]:
+    """(ZeRO stage, ds3_gather_for_generation, offload knobs) from `deepspeed:` (`_deepspeed_mapping`)."""
+    ds = _deepspeed_mapping(cfg)
     gather = cfg.get("ds3_gather_for_generation", True)
     gather = _flag(gather, "ds3_gather_for_generation")
     if not ds:
-        return None, gather
-    stage = None
-    if isinstance(ds, Mapping):
-        zero = ds.get("zero_optimization")
-        stage = zero.get("stage") if isinstance(zero, Mapping) else None
-        stage = stage if stage in (0, 1, 2, 3) else None
-    elif isinstance(ds, str):
-        name = ds.lower().replace("_", "").replace("-", "")
-        stage = next((k for k in (3, 2, 1) if f"zero{k}" in name or f"z{k}" in name or f"stage{k}" in name), None)
+        return None, gather, {}
+    stage = _zero_stage(ds)
     if stage is None:
         notes.append(
             f"deepspeed: {show(ds)} — its ZeRO stage is not told by the name; planned as full sharding (ZeRO-3): "
@@ -282,7 +307,78 @@ def _deepspeed(cfg: Mapping[str, Any], use_vllm: bool, notes: list[str]) -> tupl
             "generating (ds3_gather_for_generation, default true: trl/models/utils.py unwrap_model_for_generation) "
             "— not in this plan's rollout memory"
         )
-    return stage, gather
+    return stage, gather, _ds_offloads(ds, stage, notes)
+
+
+OFFLOAD_DEVICES: frozenset[str] = frozenset({"none", "cpu", "nvme"})  # deepspeed runtime/zero/offload_config.py
+
+
+def _offload_device(ds: Mapping[str, Any], section: str, plugin_key: str) -> str:
+    """`zero_optimization.<section>.device`, else DeepSpeedPlugin's `<plugin_key>` (accelerate 1.15.0
+    utils/dataclasses.py `offload_optimizer_device` / `offload_param_device`, mapped onto those sections at L1284);
+    'none' when neither is set."""
+    zero = ds.get("zero_optimization")
+    sec = zero.get(section) if isinstance(zero, Mapping) else None
+    value = sec.get("device") if isinstance(sec, Mapping) else None
+    value = ds.get(plugin_key) if value is None else value
+    device = "none" if value is None else str(value).lower()
+    if device not in OFFLOAD_DEVICES:
+        raise InputError(f"deepspeed {section}.device: {show(value)} is not none, cpu or nvme.", "Fix the config.")
+    return device
+
+
+def _ds_offloads(ds: Any, stage: int | None, notes: list[str]) -> dict[str, bool]:
+    """The offload knobs DeepSpeed's offload sections set (memory/zero.py for ZeRO-1/2; ZeRO-3 in the note)."""
+    if isinstance(ds, Mapping):
+        devices = (
+            _offload_device(ds, "offload_optimizer", "offload_optimizer_device"),
+            _offload_device(ds, "offload_param", "offload_param_device"),
+        )
+        optimizer, param, nvme = devices[0] != "none", devices[1] != "none", "nvme" in devices
+    else:  # a file name: its sections are not read, only a name that says offload
+        optimizer = param = "offload" in str(ds).lower()
+        nvme = False
+        notes.append(
+            f"deepspeed: {show(ds)} is a file the planner does not read ("
+            + ("its name says offload: planned as offload_optimizer and offload_param to cpu" if optimizer else "")
+            + ("; " if optimizer else "")
+            + "to plan its offload sections pass them, e.g. --override 'deepspeed={zero_optimization: {stage: 3, "
+            "offload_optimizer: {device: cpu}, offload_param: {device: cpu}}}')"
+        )
+    if not (optimizer or param):
+        return {}
+    if nvme:
+        notes.append("DeepSpeed offload to nvme planned as cpu offload (the plan's host RAM counts what NVMe holds)")
+    if stage in (0, 1, 2):
+        if param:
+            notes.append(f"offload_param is ZeRO-3's (DeepSpeed reads it only in stage 3): ignored under ZeRO-{stage}")
+        if stage == 0 and optimizer:
+            notes.append("offload_optimizer under ZeRO stage 0 is not modelled: ignored")
+        return {"optimizer_offload": True} if optimizer and stage else {}
+    return _zero3_offloads(optimizer=optimizer, param=param, notes=notes)
+
+
+def _zero3_offloads(*, optimizer: bool, param: bool, notes: list[str]) -> dict[str, bool]:
+    """ZeRO-3 offload in the planner's FSDP-offload terms (memory/host.py). DeepSpeed 0.19.6 stage3.py:
+    offload_optimizer puts the fp32 master partition, the fp32 gradient partition (`grad_partitions_flat_buffer`
+    on `self.device` = cpu, L740-L746) and DeepSpeedCPUAdam's moments on the host (L328, `_configure_offloading`
+    L772-L777) — the states `param_offload` + `optimizer_offload` move for FSDP; offload_param only moves the bf16
+    partitions (`param_groups_fp16_flat_cpu_memory` L857, else kept on the GPU L918), which the plan's ZeRO-3 does
+    not count."""
+    if not optimizer:
+        notes.append(
+            "DeepSpeed ZeRO-3 offload_param without offload_optimizer moves only the bf16 parameter partitions to "
+            "the host, which the plan's sharded states do not count: planned without offload"
+        )
+        return {}
+    notes.append(
+        "DeepSpeed ZeRO-3 offload_optimizer planned as the FSDP offload of the fp32 master, gradient and Adam "
+        "partitions (param_offload + optimizer_offload); approximate: the bf16 partitions (2 bytes per parameter "
+        "over the ranks) are not counted, on the host with offload_param"
+        + ("" if param else " and on the GPU without it")
+        + ", and the offload traffic is planned as FSDP's (the fp32 shard streamed in every micro-batch)"
+    )
+    return {"param_offload": True, "optimizer_offload": True}
 
 
 def _batches(cfg: Mapping[str, Any], get: Any, total_gpus: int, notes: list[str]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from grpo_pilot.planner.lora_time import (
 from grpo_pilot.planner.megatron_time import megatron_times
 from grpo_pilot.planner.memory.kv_cache import kv_bytes_per_token_per_gpu
 from grpo_pilot.planner.memory.precision import precision_for, rollout_element_bytes
+from grpo_pilot.planner.memory.zero import ZERO_MODES
 from grpo_pilot.planner.overheads import DEFAULT_OVERHEADS, Overheads
 from grpo_pilot.planner.ref_offload import ref_offload_mode
 from grpo_pilot.planner.reports import TimeReport
@@ -224,7 +225,10 @@ def update_time_s(
     if executor.offload_streams:
         if p_off:  # shard in for forward and backward, grads out, every micro-batch
             comm_s += (2 * prec.master_bytes * shard_params + prec.grad_bytes * trainable) / host
-        if p_off or o_off:  # the optimizer steps on the host
+        if knobs.state_sharding in ZERO_MODES and o_off:  # DeepSpeed ZeRO-1/2 offload_optimizer (memory/zero.py):
+            # the fp32 gradient partition out, the bf16 partition back, then the step's collectives as without
+            optim_s = cpu_adam_s(trainable, cluster, coef) + (FP32_BYTES + c) * trainable / host + step_comm_s
+        elif p_off or o_off:  # the optimizer steps on the host
             optim_s = cpu_adam_s(trainable, cluster, coef)
             if not p_off:  # grads out, updated params back, per optimizer step
                 optim_s += (prec.grad_bytes + prec.master_bytes) * trainable / host

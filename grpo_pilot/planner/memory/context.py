@@ -34,6 +34,7 @@ from grpo_pilot.planner.memory.rollout_engines import sglang_engine_budget, slee
 from grpo_pilot.planner.memory.shared_prompts import SharedLayout, micro_batch_layouts
 from grpo_pilot.planner.memory.tokens import budget_tokens_per_rank, fixed_tokens_per_rank, sequences_per_sp_group
 from grpo_pilot.planner.memory.vllm_budget import VllmBudget, VllmSettings, vllm_budget
+from grpo_pilot.planner.memory.weight_sync import largest_param_elements
 from grpo_pilot.planner.memory.zero import REPLICATED_MODES, ZERO_MODES, ReplicatedStates, replicated_states
 from grpo_pilot.planner.overheads import Overheads
 from grpo_pilot.planner.ref_offload import ref_offloaded
@@ -90,6 +91,7 @@ class MemoryContext(NamedTuple):
     backward_buffer_bytes: int = 0  # ZeRO's IPG bucket during each backward
     step_grad_bytes: int = 0  # ZeRO's fp32 gradient partition during the optimizer step
     ddp_bucket_bytes: int = 0  # DDP's reducer buckets, resident in every phase
+    zero_host_bytes: int = 0  # ZeRO-1/2 offload_optimizer: the partitions DeepSpeed keeps on the host (not Adam)
 
 
 def engine_start_resident_bytes(
@@ -377,7 +379,9 @@ def _held(
         autocast=autocast,
         casts=casts,
     )
-    rep = _replicated(model, knobs, prec, sh, has_ref=workload.use_kl_loss) if fam.lora is None else None
+    o_off = knobs.optimizer_offload and device.offload_meaningful
+    rep = _replicated(model, knobs, prec, sh, has_ref=workload.use_kl_loss, optimizer_offload=o_off)
+    rep = rep if fam.lora is None else None
     if rep is not None:
         states = states._replace(
             master_bytes=rep.params_bytes, grad_bytes=rep.grad_bytes, adam_bytes=rep.adam_bytes, ref_bytes=rep.ref_bytes
@@ -388,7 +392,7 @@ def _held(
 
 
 def _replicated(
-    model: ModelSpec, knobs: Knobs, prec: Precision, sh: _Sharding, *, has_ref: bool
+    model: ModelSpec, knobs: Knobs, prec: Precision, sh: _Sharding, *, has_ref: bool, optimizer_offload: bool
 ) -> ReplicatedStates | None:
     """The states under ZeRO-1/2 or DDP (memory/zero.py); None under full sharding (or a LoRA policy, whose
     adapters' states are planned by memory/lora_plan.py over `shard_degree`)."""
@@ -404,6 +408,11 @@ def _replicated(
         adam_bytes=prec.adam_bytes,
         ref_bytes=prec.ref_bytes,
         has_ref=has_ref,
+        # DeepSpeed's offload_optimizer (memory/zero.py); DDP has none (family_constraints offload.needs_sharding)
+        optimizer_offload=optimizer_offload and knobs.state_sharding in ZERO_MODES,
+        largest_param_elements=largest_param_elements(
+            model.vocab_size, model.hidden_size, model.intermediate_size, model.q_dim
+        ),
     )
 
 
@@ -529,4 +538,5 @@ def memory_context(
         backward_buffer_bytes=rep.backward_buffer_bytes if rep else 0,
         step_grad_bytes=rep.step_grad_bytes if rep else 0,
         ddp_bucket_bytes=rep.ddp_bucket_bytes if rep else 0,
+        zero_host_bytes=rep.host_bytes if rep else 0,
     )
