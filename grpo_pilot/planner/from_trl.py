@@ -175,11 +175,7 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
     use_vllm, mode, processes, micro = batch["use_vllm"], batch["mode"], batch["processes"], batch["micro"]
     knobs = _trl_knobs(cfg, get, micro, notes)
     zero_stage, gather, offloads = _deepspeed(cfg, use_vllm, notes)
-    knobs.update(offloads)
-    if zero_stage is not None:
-        knobs["state_sharding"] = STAGE_SHARDING[zero_stage]
-    elif not cfg.get("deepspeed"):
-        knobs["state_sharding"] = _no_launcher(cfg, processes, notes)
+    knobs.update(offloads, state_sharding=_state_sharding(cfg, zero_stage, processes, notes))
     if knobs["state_sharding"] != "full" and adapter is not None:
         notes.append("LoRA under ZeRO-1/2 or DDP: the adapters' states planned replicated (approximate)")
     dtype = launch_dtype(cfg)
@@ -233,6 +229,16 @@ def trl_launch(cfg: Mapping[str, Any], total_gpus: int, num_nodes: int = 1) -> T
 # DeepSpeed ZeRO stage -> what the planner shards (memory/zero.py); stage 0 under bf16 is DeepSpeed's own
 # data-parallel wrapper (bf16 weights, an fp32 master copy: engine.py DDP_BFLOAT16), planned as DDP
 STAGE_SHARDING: dict[int, str] = {3: "full", 2: "zero2", 1: "zero1", 0: "ddp"}
+
+
+def _state_sharding(cfg: Mapping[str, Any], zero_stage: int | None, processes: int, notes: list[str]) -> str:
+    """`Knobs.state_sharding` from the launcher: the ZeRO stage told, ZeRO-3 (full) for a `deepspeed:` whose stage
+    is not told (its note says so), else `_no_launcher`."""
+    if zero_stage is not None:
+        return STAGE_SHARDING[zero_stage]
+    if _deepspeed_mapping(cfg):
+        return "full"
+    return _no_launcher(cfg, processes, notes)
 
 
 def _no_launcher(cfg: Mapping[str, Any], processes: int, notes: list[str]) -> str:

@@ -150,3 +150,8 @@ def test_reader_rejects_bad_offload_values() -> None:
         read_trl(BASE, 4, ["deepspeed={zero_optimization: {stage: 2, offload_optimizer: {device: gpu}}}"])
     with pytest.raises(InputError, match="valid JSON"):
         read_trl(BASE + "deepspeed: '{not json'\n", 4)
+
+
+def test_a_deepspeed_file_whose_stage_is_not_told_is_planned_as_zero3() -> None:
+    launch = read_trl(BASE + "deepspeed: my_config.json\n", 4)  # raised KeyError before
+    assert launch.knobs["state_sharding"] == "full" and any("not told" in n for n in launch.notes)

@@ -130,8 +130,8 @@ def test_update_time_moves_with_the_mode() -> None:
 
 
 def test_replicated_states_cannot_offload_and_the_suggestion_is_to_shard_them() -> None:
-    """DDP has no offload and DeepSpeed ZeRO-1/2 offload_optimizer is not modelled: an offload knob under a
-    replicated mode breaks a rule (so no search or suggestion offers it); the suggestion for a DDP launch that
+    """DDP has no offload (ZeRO-1/2 offload only the optimizer: tests/planner/test_deepspeed_offload.py): an offload
+    knob under DDP breaks a rule (so no search or suggestion offers it); the suggestion for a DDP launch that
     does not fit is sharding its states, with the peak that gives."""
     small = Workload(
         prompts_per_step=8, mini_batch_prompts=8, n=2, prompt_len_tokens=256, response_len_tokens=512, use_kl_loss=True
