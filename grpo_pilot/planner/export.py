@@ -219,6 +219,21 @@ def trl_fsdp_config(k: Knobs) -> dict[str, Any]:
     }
 
 
+def trl_deepspeed_config(k: Knobs) -> dict[str, Any]:
+    """The `deepspeed` dict (TrainingArguments accepts a dict; transformers' HfTrainerDeepSpeedConfig fills the
+    "auto" values from the other arguments) of a ZeRO-1/2 plan, its optimizer offloaded to host RAM when the plan
+    offloads it (DeepSpeed `zero_optimization.offload_optimizer.device`, memory/zero.py)."""
+    zero: dict[str, Any] = {"stage": 1 if k.state_sharding == "zero1" else 2}
+    if k.optimizer_offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "zero_optimization": zero,
+        "bf16": {"enabled": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+    }
+
+
 def _trl_keyless_notes(plan: Plan) -> list[str]:
     """Notes for the plan's knobs that GRPOConfig cannot express."""
     k, w = plan.knobs, plan.workload
@@ -232,6 +247,8 @@ def _trl_keyless_notes(plan: Plan) -> list[str]:
         )
     if k.allocator == "expandable":  # neither TRL nor accelerate sets the allocator (planner/from_trl.py)
         notes.append(f"export {EXPANDABLE_ENV} before launching (the plan assumes expandable segments)")
+    if k.state_sharding == "ddp":
+        notes.append("the plan replicates every state (DDP): launch without an accelerate FSDP / DeepSpeed config")
     if k.fused_logprob:
         notes.append("fused_logprob has no GRPOConfig key in trl 1.16 (use_liger_kernel is deprecated there)")
     if k.rollout_backend == "vllm" and k.enforce_eager:
@@ -275,7 +292,9 @@ def trl_settings(plan: Plan) -> tuple[dict[str, Any], tuple[str, ...]]:
             # TRL keeps the engine's weights and KV cache through training unless sleep mode is on; the
             # grpo-pilot and verl estimates assume they are freed, so only a TRL-target plan keeps them.
             settings["vllm_enable_sleep_mode"] = plan.target != "trl"
-    if train_gpus > 1:  # one training process has nothing to shard
+    if k.state_sharding in ("zero1", "zero2"):  # the plan's launcher: DeepSpeed, not FSDP (memory/zero.py)
+        settings["deepspeed"] = trl_deepspeed_config(k)
+    elif train_gpus > 1 and k.state_sharding == "full":  # one training process has nothing to shard
         settings["fsdp"] = True
         settings["fsdp_config"] = trl_fsdp_config(k)
         if k.gradient_checkpointing:  # FSDP's own checkpointing replaces it (_trl_comment)

@@ -226,3 +226,26 @@ def test_the_allocator_the_plan_assumes_reaches_each_export() -> None:
     assert "export PYTORCH_CUDA_ALLOC_CONF" not in verl_command(default)
     assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in n for n in trl_settings(expandable)[1])
     assert not any("PYTORCH_CUDA_ALLOC_CONF" in n for n in trl_settings(default)[1])
+
+
+def test_trl_export_names_the_plans_launcher() -> None:
+    """A ZeRO-1/2 plan exports a DeepSpeed config (its optimizer offload included), a DDP plan neither FSDP nor
+    DeepSpeed, a fully sharded one FSDP — never an FSDP launch for states the plan replicates."""
+    inputs = PlanInputs(
+        model=model_ref(resolve_model("qwen2.5-1.5b")),
+        cluster=parse_cluster("4xH100"),
+        workload=Workload(),
+        target="trl",
+    )
+    zero2 = trl_settings(evaluate(inputs, Knobs(state_sharding="zero2", optimizer_offload=True)))[0]
+    assert "fsdp" not in zero2 and "fsdp_config" not in zero2
+    assert zero2["deepspeed"]["zero_optimization"] == {
+        "stage": 2,
+        "offload_optimizer": {"device": "cpu", "pin_memory": True},
+    }
+    zero1 = trl_settings(evaluate(inputs, Knobs(state_sharding="zero1")))[0]
+    assert zero1["deepspeed"]["zero_optimization"] == {"stage": 1}
+    ddp, notes = trl_settings(evaluate(inputs, Knobs(state_sharding="ddp")))
+    assert not {"fsdp", "fsdp_config", "deepspeed"} & set(ddp) and any("(DDP)" in n for n in notes)
+    full = trl_settings(evaluate(inputs, Knobs()))[0]
+    assert full["fsdp"] is True and "deepspeed" not in full
