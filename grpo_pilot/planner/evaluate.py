@@ -16,6 +16,8 @@ records the worst case — every prompt and response at its maximum — and whet
 
 from __future__ import annotations
 
+from typing import Callable
+
 from pydantic import Field
 
 from grpo_pilot.hardware.cluster import Cluster
@@ -179,3 +181,14 @@ def worst_case_memory(inputs: PlanInputs, knobs: Knobs) -> MemoryReport:
     """The memory estimate with every prompt and response at its maximum."""
     spec, workload = inputs.model.spec, inputs.workload.worst_case()
     return estimate_memory(spec, inputs.cluster, workload, knobs, target=inputs.target, overheads=inputs.overheads)
+
+
+def largest_fitting(fits: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest step in [lo, hi] that fits, `lo` known to fit (bisection: fitting is monotone in the step)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

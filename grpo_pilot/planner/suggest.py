@@ -28,7 +28,7 @@ from grpo_pilot.hardware.cluster import Cluster
 from grpo_pilot.hardware.gpus import GiB
 from grpo_pilot.planner.config import Workload
 from grpo_pilot.planner.constraints import violations
-from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, cheap_checks
+from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, cheap_checks, largest_fitting
 from grpo_pilot.planner.lengths import std_bound
 from grpo_pilot.planner.ref_offload import ref_offloaded
 from grpo_pilot.planner.search import build_space, frugal_candidates
@@ -171,13 +171,7 @@ def _longest_response(inputs: PlanInputs, pins: Mapping[str, Any]) -> str | None
     lo, hi = 0, w.response_len_tokens - 1  # lo: longest known to fit (0 = none yet)
     if hi < 1 or fits(w.response_len_tokens) or not fits(1):
         return None
-    lo = 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
+    lo = largest_fitting(fits, 1, hi)
     return f"responses of up to {lo} tokens fit on {inputs.cluster.label()} (--response-len {lo})."
 
 

@@ -31,11 +31,9 @@ the plan is printed, not written); does not fit 3.
 
 from __future__ import annotations
 
-from typing import Callable
-
 from grpo_pilot.planner.config import Knobs, Workload
 from grpo_pilot.planner.constraints import violations
-from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, cheap_checks
+from grpo_pilot.planner.evaluate import Assessment, PlanInputs, assess, cheap_checks, largest_fitting
 from grpo_pilot.planner.plan import Verdict
 from grpo_pilot.units import GiB
 
@@ -76,17 +74,6 @@ def _at_means(workload: Workload, *, prompt_tokens: float | None, response_token
     )
 
 
-def _largest_fitting(fits: Callable[[int], bool], lo: int, hi: int) -> int:
-    """The largest step in [lo, hi] that fits, `lo` known to fit (bisection: fitting is monotone in the step)."""
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 def mean_response_boundary(inputs: PlanInputs, knobs: Knobs) -> int | None:
     """The largest mean response length (tokens) at which `knobs` fit `inputs` (lengths unknown: prompts at
     their maximum, spreads bounded), by bisection; None when even a 1-token mean does not fit."""
@@ -101,7 +88,7 @@ def mean_response_boundary(inputs: PlanInputs, knobs: Knobs) -> int | None:
 
     if not fits(1):
         return None
-    return _largest_fitting(fits, 1, w.response_len_tokens - 1)  # 1 fits; the maximum does not
+    return largest_fitting(fits, 1, w.response_len_tokens - 1)  # 1 fits; the maximum does not
 
 
 def scale_steps(workload: Workload) -> int:
@@ -132,7 +119,7 @@ def mean_lengths_boundary(inputs: PlanInputs, knobs: Knobs) -> tuple[int, int] |
 
     if not fits(1):
         return None
-    prompt, response = scaled_means(w, _largest_fitting(fits, 1, scale_steps(w) - 1))
+    prompt, response = scaled_means(w, largest_fitting(fits, 1, scale_steps(w) - 1))
     return int(prompt), int(response)
 
 
