@@ -216,12 +216,6 @@ def _apply(overrides: dict[str, str], added: set[str], parsed: tuple[str, str, s
         added.discard(key)
 
 
-def overrides_from_text(text: str, environment: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict, list]:
-    """(overrides, the script's variables and command environment, notes) of a launch script or override list."""
-    words = launch_words(text, environment)
-    return words.overrides, words.env, words.notes
-
-
 class _Values:
     """Typed access to the launch's values; a bad value is an error naming its key."""
 
